@@ -1,0 +1,30 @@
+"""Every environment variable this package reads, in one place.
+
+| variable | default | meaning |
+| --- | --- | --- |
+| `SGLANG_PLUGINS` | unset | SGLang's own whitelist of general plugins; `ernie55` must be in it when it is set |
+| `SGLANG_ERNIE55_SKIP_VERSION_CHECK` | `0` | `1` lets the plugin load on an SGLang other than the pinned one (unsupported) |
+| `SGLANG_ERNIE55_ALLOW_PARSERS` | `0` | `1` lets `--reasoning-parser` / `--tool-call-parser` through on the Base model |
+"""
+
+from __future__ import annotations
+
+import os
+
+
+def _flag(name: str) -> bool:
+    return os.environ.get(name, "0").strip().lower() in ("1", "true", "yes", "on")
+
+
+def skip_version_check() -> bool:
+    return _flag("SGLANG_ERNIE55_SKIP_VERSION_CHECK")
+
+
+def allow_parsers() -> bool:
+    return _flag("SGLANG_ERNIE55_ALLOW_PARSERS")
+
+
+def sglang_plugins_whitelist() -> set[str] | None:
+    raw = os.environ.get("SGLANG_PLUGINS", "")
+    names = {x.strip() for x in raw.split(",") if x.strip()}
+    return names or None

@@ -1,0 +1,1 @@
+"""Only classes SGLang looks up by architecture name (each module defines `EntryClass`)."""
