@@ -1,0 +1,43 @@
+"""Hardware cells as pytest markers (FlashInfer-style): a test declares what it needs, the session
+skips it with a reason where that is absent, so the CPU suite stays green and a GPU run selects its cell.
+
+- `@pytest.mark.gpu`       needs a CUDA GPU.
+- `@pytest.mark.h200`      the H200 cell (implies gpu).
+- `@pytest.mark.gpus(n)`   needs n CUDA GPUs in one host (implies gpu).
+- `@pytest.mark.slow`      > ~30 s on 2 CPU cores; still part of the default suite unless `-m "not slow"`.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+
+
+@functools.lru_cache(maxsize=1)
+def _gpus() -> tuple[int, str]:
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return 0, ""
+        return torch.cuda.device_count(), torch.cuda.get_device_name(0)
+    except Exception:  # torch missing or broken driver: no GPU cell
+        return 0, ""
+
+
+def pytest_collection_modifyitems(config, items):
+    count, name = _gpus()
+    for item in items:
+        wants_gpu = any(item.iter_markers(m) for m in ("gpu", "h200", "gpus"))
+        if not wants_gpu:
+            continue
+        if count == 0:
+            item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU (none here; run the GPU suite on the device)"))
+            continue
+        for m in item.iter_markers("gpus"):
+            need = int(m.args[0]) if m.args else 1
+            if count < need:
+                item.add_marker(pytest.mark.skip(reason=f"needs {need} GPUs in one host, this host has {count}"))
+        if any(item.iter_markers("h200")) and "H200" not in name:
+            item.add_marker(pytest.mark.skip(reason=f"H200 cell; this GPU is {name!r}"))
