@@ -142,7 +142,9 @@ class Ernie55Config(PretrainedConfig):
         super().__init__(tie_word_embeddings=tie_word_embeddings, dtype=dtype, **kwargs)
         # Set after the base __init__: transformers' class-level `validate_layer_type` only knows its own
         # layer kinds ("full_attention", ...); `check_fields` validates ours.
-        self.layer_types = list(layer_types) if layer_types is not None else default_layer_types(num_hidden_layers)
+        self.layer_types = (
+            list(layer_types) if layer_types is not None else default_layer_types(num_hidden_layers)
+        )
         self.check_fields()
 
     # ------------------------------------------------------------------ derived facts
@@ -173,6 +175,7 @@ class Ernie55Config(PretrainedConfig):
 
     def check_fields(self) -> None:
         """Raise Ernie55ConfigError naming the first field that breaks a rule."""
+
         def fail(field: str, rule: str, value: Any) -> None:
             raise Ernie55ConfigError(f"config.json `{field}` = {value!r}: {rule}")
 

@@ -22,9 +22,8 @@ _registered = False
 
 
 def register_config() -> None:
-    from transformers import AutoConfig
-
     from sglang.srt.utils.hf_transformers.common import _CONFIG_REGISTRY
+    from transformers import AutoConfig
 
     from .configuration import MODEL_TYPE, Ernie55Config
 

@@ -115,7 +115,9 @@ def hca_output(
 
 def indexer_scores(qI: torch.Tensor, w: torch.Tensor, kI: torch.Tensor) -> torch.Tensor:
     """I(t, s) = sum_h w[t,h] * ReLU(qI[t,h] . kI[s]). qI [T, nI, dI], w [T, nI], kI [S, dI] -> [T, S] fp32."""
-    return torch.einsum("th,ths->ts", w.float(), torch.relu(torch.einsum("thd,sd->ths", qI.float(), kI.float())))
+    return torch.einsum(
+        "th,ths->ts", w.float(), torch.relu(torch.einsum("thd,sd->ths", qI.float(), kI.float()))
+    )
 
 
 def indexer_topk(scores: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor, topk: int) -> torch.Tensor:

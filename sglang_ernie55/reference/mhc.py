@@ -47,7 +47,13 @@ def hc_post(f: torch.Tensor, R: torch.Tensor, post: torch.Tensor, C: torch.Tenso
 
 
 def hc_head(
-    R: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, *, hc_eps: float, rms_eps: float
+    R: torch.Tensor,
+    fn: torch.Tensor,
+    base: torch.Tensor,
+    scale: torch.Tensor,
+    *,
+    hc_eps: float,
+    rms_eps: float,
 ) -> torch.Tensor:
     """y = sum_i (sigmoid(m_i * scale + base_i) + eps) R[i]; fn [n, nH]. Returns y [T, H] fp32."""
     m = hc_mix(R, fn, rms_eps)

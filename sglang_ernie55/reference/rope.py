@@ -17,7 +17,9 @@ def _correction_dim(num_rotations: float, dim: int, base: float, max_pos: int) -
     return dim * math.log(max_pos / (num_rotations * 2 * math.pi)) / (2 * math.log(base))
 
 
-def _correction_range(beta_fast: float, beta_slow: float, dim: int, base: float, max_pos: int) -> tuple[int, int]:
+def _correction_range(
+    beta_fast: float, beta_slow: float, dim: int, base: float, max_pos: int
+) -> tuple[int, int]:
     low = math.floor(_correction_dim(beta_fast, dim, base, max_pos))
     high = math.ceil(_correction_dim(beta_slow, dim, base, max_pos))
     return max(low, 0), min(high, dim - 1)
@@ -69,7 +71,7 @@ def apply_rope_interleaved(
 ) -> torch.Tensor:
     """Rotate pairs (2i, 2i+1). x [..., T, (heads,) d]; positions [T]. `inverse` rotates by -angle."""
     cos, sin = cos_sin(positions, inv_freq)
-    while cos.dim() < x.dim() - 1:  # broadcast over head dims between T and d
+    while cos.dim() < x.dim():  # broadcast over head dims between T and d
         cos, sin = cos[..., None, :], sin[..., None, :]
     if inverse:
         sin = -sin
@@ -82,7 +84,7 @@ def apply_rope_interleaved(
 def apply_rope_half(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
     """Rotate pairs (i, i + d/2). x [..., T, (heads,) d]; positions [T]."""
     cos, sin = cos_sin(positions, inv_freq)
-    while cos.dim() < x.dim() - 1:
+    while cos.dim() < x.dim():
         cos, sin = cos[..., None, :], sin[..., None, :]
     xf = x.float()
     half = xf.shape[-1] // 2
