@@ -1,5 +1,30 @@
-"""Server-argument defaults and validation for the ERNIE-5.5 architectures (issue: server arguments)."""
+"""Server-argument defaults and validation for the ERNIE-5.5 architectures.
+
+Everything goes through SGLang 0.5.23's own resolution machinery, so it holds for `sglang serve`,
+`python -m sglang.launch_server` and `sglang.Engine` alike, and only for this model's architectures:
+
+- `overrides.py`  : `register_model_override` for the ERNIE architectures (the model's defaults);
+- `resolution.py` : `register_resolution_hook` wrappers that validate what the user gave;
+- `rules.py`      : the rules themselves, as plain functions over values, and `ERNIE55_FLAG_RULES`;
+- `requests.py`   : request-time rules (served `model` name, `n > 1` under PD), HookRegistry hooks;
+- `api.py`        : `resolve_server_args(argv)`, SGLang's resolution with this plugin registered.
+
+docs/server-args.md is the user-facing table; docs/hooks.md the patch ledger.
+"""
+
+from __future__ import annotations
+
+from .api import resolve_server_args
+from .errors import Ernie55ArgumentError
+
+__all__ = ["Ernie55ArgumentError", "register", "resolve_server_args"]
+
+_registered = False
 
 
 def register() -> None:
-    """Register model overrides and resolution hooks with SGLang (filled in by the server-args work)."""
+    """Register model overrides, resolution hooks and request hooks with SGLang (idempotent)."""
+    global _registered
+    if _registered:
+        return
+    _registered = True

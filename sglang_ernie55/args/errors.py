@@ -1,0 +1,25 @@
+"""The error every ERNIE-5.5 server-argument rule raises."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+
+class Ernie55ArgumentError(ValueError):
+    """A server argument ERNIE-5.5-Flash cannot be served with.
+
+    The message names the flag, the value given, the legal values and why, in that order, so that
+    `sglang serve` fails at argument resolution (before any GPU work) with one readable line.
+    A ValueError, so SGLang's launchers report it like their own argument errors.
+    """
+
+    def __init__(self, flag: str, value: object, legal: str | Iterable[object], why: str, fix: str = ""):
+        self.flag = flag
+        self.value = value
+        self.legal = legal if isinstance(legal, str) else ", ".join(str(v) for v in legal)
+        self.why = why
+        self.fix = fix
+        msg = f"ERNIE-5.5: {flag} {value}: legal: {self.legal}. {why}"
+        if fix:
+            msg += f" {fix}"
+        super().__init__(msg)
