@@ -29,7 +29,7 @@ def _gpus() -> tuple[int, str]:
 def pytest_collection_modifyitems(config, items):
     count, name = _gpus()
     for item in items:
-        wants_gpu = any(item.iter_markers(m) for m in ("gpu", "h200", "gpus"))
+        wants_gpu = any(item.get_closest_marker(m) is not None for m in ("gpu", "h200", "gpus"))
         if not wants_gpu:
             continue
         if count == 0:
@@ -39,5 +39,5 @@ def pytest_collection_modifyitems(config, items):
             need = int(m.args[0]) if m.args else 1
             if count < need:
                 item.add_marker(pytest.mark.skip(reason=f"needs {need} GPUs in one host, this host has {count}"))
-        if any(item.iter_markers("h200")) and "H200" not in name:
+        if item.get_closest_marker("h200") is not None and "H200" not in name:
             item.add_marker(pytest.mark.skip(reason=f"H200 cell; this GPU is {name!r}"))
