@@ -1,0 +1,180 @@
+"""Paged KV-cache layouts of ERNIE-5.5-Flash, byte by byte (docs/kv-layout.md is the prose twin).
+
+Every pool is one uint8 tensor per layer, shaped ``[num_pages, page_bytes]``; a cache *slot* is
+``page * page_size + offset`` (the token's index in the pool, FlashMLA's "index in kvcache").
+``PAGE_SIZE = 256`` tokens for every token-addressed pool; the HCA compressed pool holds
+``256 // 128 = 2`` entries per page so its pages line up with the full pool's.
+
+Layouts (``KVLayout``), with the full-size dimensions:
+
+=================  =====  ==========================================================================
+layout             B/tok  token encoding
+=================  =====  ==========================================================================
+HCA_FP8 (= SGLang  584    block-split page. Data row i at ``i * 576``: 448 e4m3 (nope dims 0..447),
+``KVLayout.V4``)          then 64 bf16 (rope dims 448..511, little endian). Scale row i at
+                          ``page_size * 576 + i * 8``: 7 ue8m0 bytes (scale of nope tile t = dims
+                          64t..64t+63 is ``2 ** (byte - 127)``), 1 pad byte (0). Page bytes padded up
+                          to a multiple of 576. FlashMLA's V4 sparse-decode format.
+HCA_BF16           1024   token i at ``i * 1024``: 512 bf16. Page bytes ``page_size * 1024``.
+MLA_FP8 (= FlashMLA 656   token i at ``i * 656``: 512 e4m3 (latent), 4 fp32 scales (tile t = latent
+``V32``)                  dims 128t..128t+127; value = e4m3 * scale), 64 bf16 (k_rope). Interleaved,
+                          no page padding. FlashMLA's V3.2 sparse-decode format.
+MLA_BF16           1152   token i at ``i * 1152``: 576 bf16 = [latent 512 | k_rope 64]. FlashMLA's
+                          dense bf16 decode format.
+IDX_FP8            132    block-split page: key i at ``i * 128`` (128 e4m3), its fp32 scale at
+                          ``page_size * 128 + i * 4`` (value = e4m3 * scale, one scale per token).
+IDX_BF16           256    key i at ``i * 256``: 128 bf16.
+=================  =====  ==========================================================================
+
+Quantisation rules (the pure-torch twins are ``sglang_ernie55.reference.kernels_ref``):
+- HCA_FP8 (ue8m0, as SGLang's V4 store): per 64-value tile ``e = ceil(log2(max(amax, 1e-8) / 448))``,
+  ``q = e4m3(clamp(x / 2**e, -448, 448))``, byte ``e + 127``.
+- MLA_FP8 (as SGLang's V3.2 store): per 128-value tile ``s = max(amax, 1e-8) / 448`` (fp32),
+  ``q = e4m3(clamp(x / s, -448, 448))``.
+- IDX_FP8: the same rule as MLA_FP8 over the token's 128 values.
+
+The pools a layer owns (HCA: SWA window pool + compressed pool; MLA-DSA: latent pool + indexer pool),
+and the open-block compression state (HCA, request-scoped, fp32 rows ``[values 512 | scores 512]``,
+``128`` rows per request slot) are described in docs/kv-layout.md.
+
+Geometry other than full size (tiny test configs): the encodings are parametrised by the head
+width and rope width (``hca_geometry`` / ``mla_geometry`` / ``idx_geometry``); the full-size values
+are the module constants and are the only ones FlashMLA reads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+
+import torch
+
+PAGE_SIZE = 256
+HCA_COMPRESS_RATIO = 128
+HCA_WINDOW = 128
+HCA_CMP_PER_PAGE = PAGE_SIZE // HCA_COMPRESS_RATIO  # 2
+
+# HCA (full size)
+HCA_HEAD_DIM = 512
+HCA_ROPE_DIM = 64
+HCA_NOPE_DIM = HCA_HEAD_DIM - HCA_ROPE_DIM  # 448
+HCA_FP8_TILE = 64
+# MLA-DSA (full size)
+MLA_LATENT_DIM = 512
+MLA_ROPE_DIM = 64
+MLA_FP8_TILE = 128
+# Lightning indexer key (full size)
+IDX_HEAD_DIM = 128
+
+FP8_MAX = 448.0
+FP8_AMAX_EPS = 1e-8
+FP8_DTYPE = torch.float8_e4m3fn
+
+
+class KVLayout(str, enum.Enum):
+    HCA_FP8 = "hca_fp8"
+    HCA_BF16 = "hca_bf16"
+    MLA_FP8 = "mla_fp8"
+    MLA_BF16 = "mla_bf16"
+    IDX_FP8 = "idx_fp8"
+    IDX_BF16 = "idx_bf16"
+
+    @property
+    def is_fp8(self) -> bool:
+        return self in (KVLayout.HCA_FP8, KVLayout.MLA_FP8, KVLayout.IDX_FP8)
+
+
+@dataclasses.dataclass(frozen=True)
+class Geometry:
+    """Byte geometry of one layout at one (dim, rope) size.
+
+    ``dim``: values per token the attention reads (HCA 512; MLA 512 latent + 64 rope = 576 with
+    ``dim`` = latent width and ``rope`` = 64; indexer 128). ``rope``: bf16 tail kept unquantised.
+    A token's data starts at ``page * page_bytes + offset * data_stride``; its scales (fp8
+    layouts) at ``page * page_bytes + scale_base + offset * scale_stride``.
+    """
+
+    layout: KVLayout
+    dim: int
+    rope: int
+    page_size: int
+    bytes_per_token: int
+    data_stride: int
+    scale_base: int
+    scale_stride: int
+    page_bytes: int
+    tile: int
+
+    @property
+    def nope(self) -> int:
+        return self.dim - self.rope if self.layout in (KVLayout.HCA_FP8, KVLayout.HCA_BF16) else self.dim
+
+    def alloc(self, num_pages: int, device=None) -> torch.Tensor:
+        """A zeroed pool ``[num_pages, page_bytes]`` uint8."""
+        return torch.zeros(num_pages, self.page_bytes, dtype=torch.uint8, device=device)
+
+    def flashmla_view(self, pool: torch.Tensor) -> torch.Tensor:
+        """The ``[num_pages, page_size, 1, bytes_per_token]`` view FlashMLA detects the format from."""
+        assert self.layout in (KVLayout.HCA_FP8, KVLayout.MLA_FP8), f"FlashMLA reads no {self.layout.value} pool"
+        n = self.page_size * self.bytes_per_token
+        return pool[:, :n].view(pool.shape[0], self.page_size, 1, self.bytes_per_token).view(FP8_DTYPE)
+
+
+def _ceil_to(x: int, m: int) -> int:
+    return -(-x // m) * m
+
+
+def hca_geometry(kv_dtype: str, dim: int = HCA_HEAD_DIM, rope: int = HCA_ROPE_DIM, page_size: int = PAGE_SIZE):
+    """HCA window / compressed pool geometry. ``page_size`` 256 for the window pool, 2 for the compressed."""
+    if kv_dtype in ("fp8", "fp8_e4m3"):
+        nope = dim - rope
+        assert nope % HCA_FP8_TILE == 0, f"HCA fp8 needs (dim - rope) % 64 == 0, got {dim}-{rope}"
+        data = nope + 2 * rope
+        scale = nope // HCA_FP8_TILE + 1
+        return Geometry(KVLayout.HCA_FP8, dim, rope, page_size, data + scale, data, page_size * data, scale,
+                        _ceil_to(page_size * (data + scale), data), HCA_FP8_TILE)  # fmt: skip
+    assert kv_dtype in ("bf16", "bfloat16"), kv_dtype
+    return Geometry(KVLayout.HCA_BF16, dim, rope, page_size, 2 * dim, 2 * dim, 0, 0, page_size * 2 * dim, dim)
+
+
+def mla_geometry(kv_dtype: str, dim: int = MLA_LATENT_DIM, rope: int = MLA_ROPE_DIM, page_size: int = PAGE_SIZE):
+    """MLA-DSA latent + rope pool geometry (``dim`` = latent width)."""
+    if kv_dtype in ("fp8", "fp8_e4m3"):
+        assert dim % MLA_FP8_TILE == 0, f"MLA fp8 needs latent % 128 == 0, got {dim}"
+        bpt = dim + 4 * (dim // MLA_FP8_TILE) + 2 * rope
+        return Geometry(KVLayout.MLA_FP8, dim, rope, page_size, bpt, bpt, dim, bpt, page_size * bpt, MLA_FP8_TILE)
+    assert kv_dtype in ("bf16", "bfloat16"), kv_dtype
+    bpt = 2 * (dim + rope)
+    return Geometry(KVLayout.MLA_BF16, dim, rope, page_size, bpt, bpt, 0, 0, page_size * bpt, dim)
+
+
+def idx_geometry(kv_dtype: str, dim: int = IDX_HEAD_DIM, page_size: int = PAGE_SIZE):
+    """Lightning-indexer key pool geometry (follows the KV dtype)."""
+    if kv_dtype in ("fp8", "fp8_e4m3"):
+        return Geometry(KVLayout.IDX_FP8, dim, 0, page_size, dim + 4, dim, page_size * dim, 4,
+                        page_size * (dim + 4), dim)  # fmt: skip
+    assert kv_dtype in ("bf16", "bfloat16"), kv_dtype
+    return Geometry(KVLayout.IDX_BF16, dim, 0, page_size, 2 * dim, 2 * dim, 0, 0, page_size * 2 * dim, dim)
+
+
+# Full-size constants, checked against the numbers in ARCHITECTURE.md / SGLang / FlashMLA.
+HCA_FP8_BYTES_PER_TOKEN = 584
+HCA_FP8_SWA_PAGE_BYTES = 149_760  # 256 * 584 = 149,504 -> padded to 260 * 576
+HCA_FP8_CMP_PAGE_BYTES = 1_728  # 2 * 584 = 1,168 -> padded to 3 * 576 (864 B / entry)
+MLA_FP8_BYTES_PER_TOKEN = 656
+IDX_FP8_BYTES_PER_TOKEN = 132
+
+assert hca_geometry("fp8").bytes_per_token == HCA_FP8_BYTES_PER_TOKEN
+assert hca_geometry("fp8").page_bytes == HCA_FP8_SWA_PAGE_BYTES
+assert hca_geometry("fp8", page_size=HCA_CMP_PER_PAGE).page_bytes == HCA_FP8_CMP_PAGE_BYTES
+assert mla_geometry("fp8").bytes_per_token == MLA_FP8_BYTES_PER_TOKEN
+assert idx_geometry("fp8").bytes_per_token == IDX_FP8_BYTES_PER_TOKEN
+
+# HCA open-block compression state: request-scoped ring, row = [values D | scores D] fp32.
+HCA_STATE_ROWS = HCA_COMPRESS_RATIO
+
+
+def hca_state_alloc(num_req_slots: int, dim: int = HCA_HEAD_DIM, device=None) -> torch.Tensor:
+    """``[num_req_slots, 128, 2 * dim]`` fp32; row ``p % 128`` of a request holds token p's
+    ``wkv_gate`` output ``[values | scores]`` while p's block is open."""
+    return torch.zeros(num_req_slots, HCA_STATE_ROWS, 2 * dim, dtype=torch.float32, device=device)
