@@ -1,0 +1,100 @@
+"""Triton helpers shared by the kernels: power-of-two fp8 scales and the paged-pool token reader.
+
+A pool is read through four typed views of the same bytes (uint8, e4m3, bf16, fp32); every offset
+below is in bytes and is divided by the view's element size (layouts keep fields aligned).
+Layout kinds (constexpr ``KIND``): 0 = bf16 (every value bf16), 1 = fp8 with ue8m0 scale bytes
+(HCA_FP8), 2 = fp8 with fp32 scales (MLA_FP8 / IDX_FP8).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+KIND_BF16 = 0
+KIND_FP8_UE8M0 = 1
+KIND_FP8_F32 = 2
+
+
+@triton.jit
+def pow2_exponent(amax):
+    """e = ceil(log2(amax / 448)) for fp32 amax >= 1e-8 (normal), exactly, from the bits:
+    amax = m * 2**k, 448 = 1.75 * 2**8 -> e = k - 8 + (m > 1.75)."""
+    bits = amax.to(tl.int32, bitcast=True)
+    k = ((bits >> 23) & 0xFF) - 127
+    m = bits & 0x7FFFFF
+    return k - 8 + (m > 0x600000).to(tl.int32)
+
+
+@triton.jit
+def pow2_float(e):
+    """2 ** e as fp32 for integer e in [-126, 127], exactly."""
+    return ((e + 127) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def round_e4m3(x):
+    """x (fp32, |x| <= 448) rounded to the e4m3 grid, nearest even, in fp32 arithmetic: the cast
+    that follows is then exact everywhere (the CPU interpreter's own fp8 cast does not round to
+    nearest even)."""
+    bits = x.to(tl.int32, bitcast=True)
+    k = ((bits >> 23) & 0xFF) - 127
+    k = tl.maximum(k, -6) - 3  # grid step 2**k (subnormals: 2**-9)
+    y = x * pow2_float(-k)  # |y| < 16, exact
+    r = (y + 12582912.0) - 12582912.0  # 1.5 * 2**23: fp32 add rounds to nearest even integer
+    return r * pow2_float(k)
+
+
+@triton.jit
+def token_rows(slots, page_size, page_bytes, data_stride, scale_base, scale_stride):
+    """Byte offsets (int64) of each slot's data row and scale row."""
+    s = slots.to(tl.int64)
+    page = s // page_size
+    off = s - page * page_size
+    base = page * page_bytes
+    return base + off * data_stride, base + scale_base + off * scale_stride
+
+
+@triton.jit
+def load_main(
+    u8_ptr, f8_ptr, bf_ptr, f32_ptr, row, srow, valid,
+    KIND: tl.constexpr, MAIN: tl.constexpr, NOPE: tl.constexpr, TILE: tl.constexpr, BN: tl.constexpr,
+):  # fmt: skip
+    """[BN, MAIN] fp32 values of the main segment of BN tokens (rows/srows [BN] byte offsets).
+
+    Dims d < NOPE are fp8 at ``row + d`` times their tile's scale (KIND 1/2); dims d >= NOPE are
+    bf16 at ``row + NOPE + 2 * (d - NOPE)`` (all of them for KIND 0, where NOPE = 0)."""
+    d = tl.arange(0, MAIN)
+    vmask = valid[:, None]
+    if KIND == 0:
+        v = tl.load(bf_ptr + (row[:, None] + 2 * d[None, :]) // 2, mask=vmask, other=0.0).to(tl.float32)
+    else:
+        NT: tl.constexpr = MAIN // TILE
+        is_q = d < NOPE
+        q = tl.load(f8_ptr + row[:, None] + d[None, :], mask=vmask & is_q[None, :], other=0.0).to(tl.float32)
+        t = tl.arange(0, NT)
+        tmask = vmask & (t < NOPE // TILE)[None, :]
+        if KIND == 1:
+            sb = tl.load(u8_ptr + srow[:, None] + t[None, :], mask=tmask, other=127).to(tl.int32)
+            sc = (sb << 23).to(tl.float32, bitcast=True)
+        else:
+            sc = tl.load(f32_ptr + (srow[:, None] + 4 * t[None, :]) // 4, mask=tmask, other=1.0)
+        q = tl.reshape(tl.reshape(q, (BN, NT, TILE)) * sc[:, :, None], (BN, MAIN))
+        if NOPE < MAIN:
+            b = tl.load(
+                bf_ptr + (row[:, None] + NOPE + 2 * (d[None, :] - NOPE)) // 2,
+                mask=vmask & (d >= NOPE)[None, :], other=0.0,
+            ).to(tl.float32)
+            v = tl.where(is_q[None, :], q, b)
+        else:
+            v = q
+    return v
+
+
+@triton.jit
+def load_tail(bf_ptr, row, valid, TAIL_OFF: tl.constexpr, TAIL: tl.constexpr):
+    """[BN, TAIL] fp32: TAIL bf16 values at ``row + TAIL_OFF``."""
+    d = tl.arange(0, TAIL)
+    return tl.load(bf_ptr + (row[:, None] + TAIL_OFF + 2 * d[None, :]) // 2, mask=valid[:, None], other=0.0).to(
+        tl.float32
+    )
