@@ -1,0 +1,127 @@
+"""`sglang-ernie55 cmd`: print the launch command of a hardware cell and its `docker run` line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+HELP = "print the `sglang serve` command (and `docker run` line) of a hardware cell"
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    """Print the launch command of one hardware cell of configs/cells/ (hardware x precision x strategy).
+
+    Each cell is a declarative file: its node layout, its `sglang serve` flags, its environment and
+    who verified it (the vendor's cookbook; this project, with a date). This prints, for every node of
+    the cell, the bare command and the matching `docker run` line (GPUs, host network and IPC, the
+    Hugging Face cache mounted; the image is the one docker/Dockerfile builds). Nothing is started.
+
+    Multi-node cells (H100 BF16: 2 x 8, GB200 BF16: 2 trays x 4) get `--nnodes`, `--node-rank` and
+    `--dist-init-addr` from the arguments: one command per node unless --node-rank picks one;
+    without --dist-init-addr the placeholder NODE0_IP:20000 is printed (replace it by node 0's address).
+
+    Unknown or impossible combinations exit 2 with an error that lists every cell that exists.
+    `sglang-ernie55 plan` shows the memory budget of the same cell.
+
+    Examples:
+      sglang-ernie55 cmd --hardware h100 --precision bf16 --strategy high-throughput
+      sglang-ernie55 cmd --hardware b300 --precision fp8 --strategy low-latency --host 0.0.0.0 --port 8080
+      sglang-ernie55 cmd --list
+    """
+    from .cells import PRECISIONS, STRATEGIES
+
+    parser.add_argument("--hardware", help="b300 | gb300 | b200 | gb200 | h100 | h200")
+    parser.add_argument("--precision", default="fp8", help=f"{' | '.join(PRECISIONS)} (default: fp8)")
+    parser.add_argument(
+        "--strategy", default="balanced", help=f"{' | '.join(STRATEGIES)} (default: balanced)"
+    )
+    parser.add_argument(
+        "--nodes", type=int, help="check that the cell uses this many nodes (error otherwise)"
+    )
+    parser.add_argument("--node-rank", type=int, help="print only this node's command (multi-node cells)")
+    parser.add_argument("--dist-init-addr", help="HOST:PORT of node 0 for multi-node cells")
+    parser.add_argument(
+        "--host",
+        help="address to bind (SGLang's default: 127.0.0.1). 0.0.0.0 exposes an unauthenticated API "
+        "unless you add --api-key",
+    )
+    parser.add_argument("--port", type=int, help="HTTP port (SGLang's default: 30000)")
+    parser.add_argument("--model-path", help="local checkpoint path instead of the Hugging Face repo")
+    parser.add_argument(
+        "--image", help="container image (default: sglang-ernie55:<version> from docker/Dockerfile)"
+    )
+    parser.add_argument("--no-docker", action="store_true", help="print only the bare commands")
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    parser.add_argument("--list", action="store_true", help="list every cell and exit")
+
+
+def run(args: argparse.Namespace) -> int:
+    from .cells import DEFAULT_IMAGE, CellError, cell_table, find_cell
+
+    if args.list:
+        print(cell_table())
+        return 0
+    if not args.hardware:
+        print(
+            "error: --hardware is required (or --list)\nCells that exist:\n" + cell_table(), file=sys.stderr
+        )
+        return 2
+    try:
+        cell = find_cell(args.hardware, args.precision, args.strategy)
+        if args.nodes is not None and args.nodes != cell.nodes:
+            raise CellError(
+                f"cell {cell.name} runs on {cell.nodes} node(s) of {cell.gpus_per_node} {cell.gpu.label} "
+                f"({cell.num_gpus} GPUs), not {args.nodes}\nCells that exist:\n{cell_table()}"
+            )
+        ranks = [args.node_rank] if args.node_rank is not None else list(range(cell.nodes))
+        if cell.nodes == 1 and args.node_rank not in (None, 0):
+            raise CellError(f"cell {cell.name} is single-node; --node-rank {args.node_rank} makes no sense")
+        image = args.image or DEFAULT_IMAGE
+        kw = dict(
+            dist_init_addr=args.dist_init_addr, host=args.host, port=args.port, model_path=args.model_path
+        )
+        entries = [
+            {
+                "node_rank": r,
+                "argv": ["sglang", "serve", *cell.serve_argv(node_rank=r, **kw)],
+                "command": cell.shell_command(node_rank=r, **kw),
+                "docker": cell.docker_command(image=image, node_rank=r, **kw),
+            }
+            for r in ranks
+        ]
+    except CellError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+    warnings = []
+    if args.host in ("0.0.0.0", "::"):
+        warnings.append(f"--host {args.host} serves an unauthenticated API to the network: add --api-key KEY")
+    if cell.nodes > 1 and not args.dist_init_addr:
+        warnings.append("replace NODE0_IP by the address of node 0 (or pass --dist-init-addr HOST:PORT)")
+    if args.json:
+        print(json.dumps({
+            "cell": cell.name, "hardware": cell.hardware, "precision": cell.precision, "strategy": cell.strategy,
+            "nodes": cell.nodes, "gpus_per_node": cell.gpus_per_node, "model": cell.model, "env": cell.env,
+            "vendor_verified": cell.vendor_verified, "project_verified": cell.project_verified,
+            "project_date": cell.project_date or None, "commands": entries, "warnings": warnings,
+        }, indent=2))  # fmt: skip
+        return 0
+
+    verified = f"vendor: {'yes' if cell.vendor_verified else 'no'} ({cell.vendor_note}); " + (
+        f"this project: yes, {cell.project_date}" if cell.project_verified else "this project: not yet"
+    )
+    print(f"# {cell.name}: {cell.nodes} x {cell.gpus_per_node} {cell.gpu.label} ({cell.gpu.memory_gb:g} GB), "
+          f"{cell.precision.upper()} weights ({cell.model})")  # fmt: skip
+    print(f"# {cell.summary}")
+    print(f"# verified by {verified}")
+    for e in entries:
+        print()
+        if cell.nodes > 1:
+            print(f"# node {e['node_rank']} of {cell.nodes}")
+        print(e["command"])
+        if not args.no_docker:
+            print(e["docker"])
+    for w in warnings:
+        print(f"warning: {w}", file=sys.stderr)
+    return 0

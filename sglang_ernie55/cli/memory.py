@@ -1,0 +1,421 @@
+"""Memory planner: weight bytes per GPU, KV bytes per token, pool sizes and a fits / does-not-fit verdict
+for a hardware cell, all derived from `Ernie55Config` and the KV layouts of `sglang_ernie55.kernels.layout`.
+
+The budget of one GPU (every number in 10^9-byte GB, GPU memory as the vendor states it):
+
+    HBM = weights (this GPU's share) + runtime reserve + prefill scratch + request state + KV pool
+
+- weights: every tensor of the checkpoint, counted from the config (the sum is checked against
+  `Ernie55Config.parameter_counts()["total"]`). FP8 checkpoint: every large Linear 1 byte/param plus
+  one fp32 scale per 128x128 block; embeddings, lm_head, norms, routers, weights_proj BF16; mHC
+  params, biases, `ape`, `attn_sink` FP32. BF16 checkpoint: the same with Linears at 2 bytes. Sharding
+  as SGLang does it: attention modules over the attention-TP group (tp / attn-dp / attn-cp), FFN
+  (dense, routed and shared experts, latent projections) over all `tp` ranks (EP or TP, same bytes),
+  embedding over the attention-TP group (replicated under attention DP), lm_head over `tp` (attention
+  TP with `--enable-dp-lm-head`), routers and mHC / norms replicated; ECHO's own tensors replicated and
+  only with `--speculative-algorithm`.
+- runtime reserve: RESERVE_FRACTION (10%) of HBM: CUDA context, CUDA graphs, NCCL / all-to-all
+  buffers, MoE and attention activations of one prefill chunk, allocator slack.
+- prefill scratch: the DSA indexer scores one prefill chunk against the whole context in fp32:
+  chunk x context x 4 bytes (8192 x 131072 -> 4.3 GB; 8192 x 1M -> 34 GB; this is what makes 1M
+  contexts expensive, not the KV).
+- request state: the HCA open-block compressor state, fp32 [compress_ratio, 2 x head_dim] per HCA
+  layer per request slot (~19 MB per running request at full size), for `max-running-requests`
+  slots per attention-DP rank.
+- KV pool: the rest. Per token, one "full" pool (MLA-DSA latent + rope and indexer key on every
+  MLA-DSA layer; one compressed HCA entry per `compress_ratio` tokens on every HCA layer) plus the
+  SWA window pool at `--swa-full-tokens-ratio` (0.1) of the full pool's tokens (HCA window on every
+  HCA layer, plus the ECHO draft's window layer when speculating). The pool is replicated across the
+  attention-TP ranks (one KV head), so its capacity counts once per attention-DP rank; attention CP
+  splits a sequence's tokens over its ranks.
+
+Verdict: a layout FITS when weights + reserve + scratch + state leave a KV pool of at least
+KV_SHARE_MIN (25%) of HBM -- the sizing rule that reproduces the vendor's minimum-GPU table (its
+cells leave 37-51%; the next smaller power of two leaves <= 15%, or nothing) -- and that pool holds
+one request of the full context. Concurrency beyond what the pool holds at full context is reported,
+not failed: SGLang queues and retracts instead.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+from .cells import GPUS, Cell, Gpu
+
+GB = 1e9
+RESERVE_FRACTION = 0.10
+KV_SHARE_MIN = 0.25
+SWA_FULL_TOKENS_RATIO = 0.1  # the model's default `--swa-full-tokens-ratio`
+DEFAULT_CONTEXT = 131072  # training context; the cells' default
+DEFAULT_CHUNKED_PREFILL = 8192
+FP8_BLOCK = 128
+# Layout of the minimum-GPU table: attention TP may not exceed the 8 HCA output groups, so counts
+# beyond 8 add attention-DP ranks (tp 16 -> attention DP 2, attention TP 8).
+CANDIDATE_GPU_COUNTS = (1, 2, 4, 8, 16, 32)
+
+
+# ------------------------------------------------------------------------------------------ weights
+@dataclasses.dataclass(frozen=True)
+class Tensor:
+    group: str  # attention | ffn | router | embedding | lm_head | replicated | echo
+    params: int
+    kind: str  # "linear" (FP8 in the FP8 checkpoint) | "bf16" | "fp32"
+    shape: tuple[int, int] | None = None  # [out, in] of a Linear, for its block scales
+
+
+def checkpoint_tensors(cfg) -> list[Tensor]:
+    """Every tensor of the checkpoint as (sharding group, params, dtype class), from the config."""
+    H, V, n = cfg.hidden_size, cfg.vocab_size, cfg.hc_mult
+    heads, ql = cfg.num_attention_heads, cfg.q_lora_rank
+    out: list[Tensor] = []
+
+    def lin(group: str, o: int, i: int) -> None:
+        out.append(Tensor(group, o * i, "linear", (o, i)))
+
+    def vec(group: str, count: int, kind: str = "bf16") -> None:
+        out.append(Tensor(group, count, kind))
+
+    for i, kind in enumerate(cfg.layer_types):
+        for _site in range(2):  # attn_hc, ffn_hc
+            vec("replicated", (2 + n) * n * n * H + (2 + n) * n + 3, "fp32")
+        vec("replicated", 2 * H)  # input / post-attention RMSNorm
+        if kind == "hca":
+            hd = cfg.head_dim
+            lin("attention", ql, H)  # wq_a
+            vec("attention", ql)  # q_norm
+            lin("attention", heads * hd, ql)  # wq_b
+            lin("attention", hd, H)  # wkv
+            vec("attention", hd)  # kv_norm
+            lin("attention", cfg.o_groups * cfg.o_lora_rank, heads // cfg.o_groups * hd)  # wo_a
+            lin("attention", H, cfg.o_groups * cfg.o_lora_rank)  # wo_b
+            vec("attention", heads, "fp32")  # attn_sink
+            lin("attention", 2 * hd, H)  # compressor.wkv_gate
+            vec("attention", cfg.compress_ratio * hd, "fp32")  # compressor.ape
+            vec("attention", hd)  # compressor.norm
+        else:
+            lin("attention", ql, H)  # q_a_proj
+            vec("attention", ql)  # q_a_layernorm
+            lin("attention", heads * cfg.qk_head_dim, ql)  # q_b_proj
+            lin("attention", cfg.kv_lora_rank + cfg.qk_rope_head_dim, H)  # kv_a_proj_with_mqa
+            vec("attention", cfg.kv_lora_rank)  # kv_a_layernorm
+            lin("attention", heads * (cfg.qk_nope_head_dim + cfg.v_head_dim), cfg.kv_lora_rank)  # kv_b_proj
+            lin("attention", H, heads * cfg.v_head_dim)  # o_proj
+            lin("attention", cfg.index_n_heads * cfg.index_head_dim, ql)  # indexer.wq_b
+            lin("attention", cfg.index_head_dim, H)  # indexer.wk
+            vec("attention", 2 * cfg.index_head_dim)  # indexer.k_norm (LayerNorm weight, bias)
+            vec("attention", cfg.index_n_heads * H)  # indexer.weights_proj
+        if cfg.is_moe_layer(i):
+            vec("router", cfg.num_routers * cfg.n_routed_experts * H)  # mlp.routers.{r}
+            vec("router", cfg.n_routed_experts, "fp32")  # e_score_correction_bias
+            lin("ffn", cfg.moe_latent_size, H)  # latent_down
+            lin("ffn", H, cfg.moe_latent_size)  # latent_up
+            for _s in range(cfg.n_shared_experts):
+                lin("ffn", cfg.shared_expert_intermediate_size, H)  # gate
+                lin("ffn", cfg.shared_expert_intermediate_size, H)  # up
+                lin("ffn", H, cfg.shared_expert_intermediate_size)  # down
+            li, mi = cfg.moe_latent_size, cfg.moe_intermediate_size
+            expert = Tensor("ffn", 3 * li * mi, "linear", (mi, li))  # gate, up [mi, li]; down [li, mi]
+            out.append(dataclasses.replace(expert, params=expert.params * cfg.n_routed_experts))
+        else:
+            for o, i_ in ((cfg.intermediate_size, H), (cfg.intermediate_size, H), (H, cfg.intermediate_size)):
+                lin("ffn", o, i_)
+    vec("embedding", V * H)
+    vec("lm_head", V * H)
+    vec("replicated", H)  # model.norm
+    vec("replicated", n * n * H + n + 1, "fp32")  # hc_head
+    for _e in range(cfg.num_nextn_predict_layers):
+        vec("echo", 2 * H)  # enorm, hnorm
+        lin("echo", H, H)  # e_proj
+        lin("echo", H, H)  # h_proj
+        vec("echo", H)  # norm
+    return out
+
+
+def _tensor_bytes(t: Tensor, precision: str, cfg) -> float:
+    if t.kind == "fp32":
+        return 4.0 * t.params
+    if t.kind == "bf16" or precision == "bf16":
+        return 2.0 * t.params
+    # FP8 Linear: 1 byte per weight + fp32 per 128x128 block (ragged edge blocks count whole); a stacked
+    # tensor (the routed experts) holds params / (out * in) matrices of the shape.
+    o, i = t.shape
+    blocks = math.ceil(o / FP8_BLOCK) * math.ceil(i / FP8_BLOCK) * (t.params // (o * i))
+    return t.params + 4.0 * blocks
+
+
+def weight_bytes_by_group(cfg, precision: str) -> dict[str, float]:
+    """Checkpoint bytes per sharding group; raises if the tensor list disagrees with parameter_counts()."""
+    tensors = checkpoint_tensors(cfg)
+    total = sum(t.params for t in tensors)
+    expected = cfg.parameter_counts()["total"]
+    if total != expected:
+        raise AssertionError(
+            f"planner counts {total} parameters, Ernie55Config.parameter_counts() says {expected}: "
+            "checkpoint_tensors() is out of date with the config"
+        )
+    groups: dict[str, float] = {}
+    for t in tensors:
+        groups[t.group] = groups.get(t.group, 0.0) + _tensor_bytes(t, precision, cfg)
+    return groups
+
+
+def checkpoint_bytes(cfg, precision: str) -> float:
+    return sum(weight_bytes_by_group(cfg, precision).values())
+
+
+# ------------------------------------------------------------------------------------------ layout
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """What the planner reads from a cell's flags (SGLang's meaning of each)."""
+
+    gpu: Gpu
+    precision: str
+    nodes: int = 1
+    gpus_per_node: int = 1
+    tp: int = 1
+    attn_dp: int = 1
+    attn_cp: int = 1
+    pp: int = 1
+    dp: int = 1
+    ep: int = 1
+    enable_dp_lm_head: bool = False
+    speculative: bool = False
+    kv_cache_dtype: str = "fp8_e4m3"
+    context_length: int = DEFAULT_CONTEXT
+    max_running_requests: int | None = None
+    chunked_prefill_size: int = DEFAULT_CHUNKED_PREFILL
+    swa_full_tokens_ratio: float = SWA_FULL_TOKENS_RATIO
+    hicache_ratio: float | None = None
+
+    @property
+    def num_gpus(self) -> int:
+        return self.tp * self.pp * self.dp
+
+    @property
+    def attn_tp(self) -> int:
+        return self.tp // (self.attn_dp * self.attn_cp)
+
+    @property
+    def kv_ranks(self) -> int:
+        """Distinct KV pools in the server (one per attention-DP rank per DP replica)."""
+        return self.attn_dp * self.dp
+
+    @property
+    def requests_per_rank(self) -> int | None:
+        if self.max_running_requests is None:
+            return None
+        return math.ceil(self.max_running_requests / self.kv_ranks)
+
+    @classmethod
+    def from_cell(cls, cell: Cell, **overrides: Any) -> Layout:
+        f = cell.flags
+        kw: dict[str, Any] = dict(
+            gpu=cell.gpu, precision=cell.precision, nodes=cell.nodes, gpus_per_node=cell.gpus_per_node,
+            tp=int(f.get("tp-size", 1)), attn_dp=int(f.get("attn-dp-size", 1)),
+            attn_cp=int(f.get("attn-cp-size", 1)), pp=int(f.get("pp-size", 1)), dp=int(f.get("dp-size", 1)),
+            ep=int(f.get("ep-size", 1)), enable_dp_lm_head=bool(f.get("enable-dp-lm-head", False)),
+            speculative=bool(f.get("speculative-algorithm")),
+            kv_cache_dtype=str(f.get("kv-cache-dtype", "fp8_e4m3")),
+            context_length=int(f.get("context-length", DEFAULT_CONTEXT)),
+            max_running_requests=int(f["max-running-requests"]) if "max-running-requests" in f else None,
+            chunked_prefill_size=int(f.get("chunked-prefill-size", DEFAULT_CHUNKED_PREFILL)),
+            swa_full_tokens_ratio=float(f.get("swa-full-tokens-ratio", SWA_FULL_TOKENS_RATIO)),
+            hicache_ratio=float(f["hicache-ratio"]) if "hicache-ratio" in f else None,
+        )  # fmt: skip
+        kw.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**kw)
+
+    @classmethod
+    def minimal(cls, gpu: Gpu, precision: str, num_gpus: int, **kw: Any) -> Layout:
+        """The layout of the minimum-GPU table: tensor parallel over every GPU; beyond 8 GPUs attention
+        DP keeps the attention TP at 8 (the HCA output groups)."""
+        attn_dp = max(1, num_gpus // 8)
+        nodes = max(1, math.ceil(num_gpus / gpu.gpus_per_node))
+        return cls(gpu=gpu, precision=precision, tp=num_gpus, attn_dp=attn_dp, nodes=nodes,
+                   gpus_per_node=min(num_gpus, gpu.gpus_per_node), **kw)  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------------ KV
+def kv_bytes_per_token(cfg, kv_cache_dtype: str) -> dict[str, float]:
+    """Bytes per token per layer, by pool, from the byte layouts of `sglang_ernie55.kernels.layout`.
+
+    Keys: `mla` (latent + rope, every MLA-DSA layer), `indexer` (DSA key, every MLA-DSA layer),
+    `hca_window` (raw window entry in the SWA pool, every HCA layer), `hca_compressed` (one
+    compressed entry, per `compress_ratio` tokens, every HCA layer).
+    """
+    from ..kernels.layout import hca_geometry, idx_geometry, mla_geometry
+
+    hca = hca_geometry(kv_cache_dtype, dim=cfg.head_dim, rope=cfg.qk_rope_head_dim).bytes_per_token
+    return {
+        "mla": mla_geometry(kv_cache_dtype, dim=cfg.kv_lora_rank, rope=cfg.qk_rope_head_dim).bytes_per_token,
+        "indexer": idx_geometry(kv_cache_dtype, dim=cfg.index_head_dim).bytes_per_token,
+        "hca_window": hca,
+        "hca_compressed": hca,
+    }
+
+
+def pool_bytes_per_token(
+    cfg, kv_cache_dtype: str, *, speculative: bool, swa_ratio: float
+) -> dict[str, float]:
+    """Per token of the full pool: full-pool bytes, SWA-pool bytes (per SWA token) and their sum at the ratio."""
+    kv = kv_bytes_per_token(cfg, kv_cache_dtype)
+    n_mla, n_hca = len(cfg.mla_dsa_layer_ids), len(cfg.hca_layer_ids)
+    full = n_mla * (kv["mla"] + kv["indexer"]) + n_hca * kv["hca_compressed"] / cfg.compress_ratio
+    # ECHO runs the backbone's last layer over its window only: one more window layer in the SWA pool.
+    swa_layers = n_hca + (1 if speculative and cfg.num_nextn_predict_layers else 0)
+    swa = swa_layers * kv["hca_window"]
+    return {"full": full, "swa": swa, "per_token": full + swa_ratio * swa}
+
+
+def request_state_bytes(cfg) -> float:
+    """HCA open-block compressor state per request slot: fp32 [compress_ratio, 2 * head_dim] per HCA layer."""
+    return len(cfg.hca_layer_ids) * cfg.compress_ratio * 2 * cfg.head_dim * 4.0
+
+
+# ------------------------------------------------------------------------------------------ plan
+@dataclasses.dataclass
+class Plan:
+    layout: Layout
+    weights: dict[str, float]  # per GPU, by group
+    reserve: float
+    scratch: float
+    state: float
+    kv_pool: float
+    kv_per_token: dict[str, float]  # per layer, by pool
+    pool_per_token: dict[str, float]
+    max_tokens_per_rank: int
+    max_tokens_server: int
+    swa_tokens_per_rank: int
+    fits: bool
+    reasons: list[str]
+    notes: list[str]
+
+    @property
+    def weights_total(self) -> float:
+        return sum(self.weights.values())
+
+    def max_context_at(self, concurrency: int) -> int:
+        """Longest context every one of `concurrency` requests can hold at once (spread over the KV ranks)."""
+        per_rank = math.ceil(concurrency / self.layout.kv_ranks)
+        if per_rank <= 0:
+            return 0
+        return min(self.layout.context_length, self.max_tokens_per_rank * self.layout.attn_cp // per_rank)
+
+    def max_concurrency_at(self, context: int) -> int:
+        return self.layout.kv_ranks * (self.max_tokens_per_rank * self.layout.attn_cp // max(1, context))
+
+    def as_dict(self) -> dict[str, Any]:
+        L = self.layout
+        return {
+            "hardware": L.gpu.key, "gpu_memory_gb": L.gpu.memory_gb, "precision": L.precision,
+            "gpus": L.num_gpus, "nodes": L.nodes, "tp": L.tp, "attn_dp": L.attn_dp, "attn_cp": L.attn_cp,
+            "attn_tp": L.attn_tp, "kv_cache_dtype": L.kv_cache_dtype, "context_length": L.context_length,
+            "max_running_requests": L.max_running_requests,
+            "weights_gb_per_gpu": round(self.weights_total / GB, 2),
+            "weights_gb_by_group": {k: round(v / GB, 3) for k, v in self.weights.items()},
+            "reserve_gb": round(self.reserve / GB, 2), "prefill_scratch_gb": round(self.scratch / GB, 2),
+            "request_state_gb": round(self.state / GB, 2), "kv_pool_gb": round(self.kv_pool / GB, 2),
+            "kv_bytes_per_token_per_layer": self.kv_per_token,
+            "pool_bytes_per_token": {k: round(v, 1) for k, v in self.pool_per_token.items()},
+            "max_tokens_per_rank": self.max_tokens_per_rank, "max_tokens_server": self.max_tokens_server,
+            "swa_tokens_per_rank": self.swa_tokens_per_rank,
+            "max_context_at_max_running_requests": (
+                self.max_context_at(L.max_running_requests) if L.max_running_requests else None
+            ),
+            "max_concurrency_at_context_length": self.max_concurrency_at(L.context_length),
+            "fits": self.fits, "reasons": self.reasons, "notes": self.notes,
+        }  # fmt: skip
+
+
+def plan(cfg, layout: Layout) -> Plan:
+    groups = weight_bytes_by_group(cfg, layout.precision)
+    L = layout
+    shard = {
+        "attention": L.attn_tp,
+        "ffn": L.tp,
+        "router": 1,
+        "embedding": L.attn_tp,
+        "lm_head": L.attn_tp if L.enable_dp_lm_head else L.tp,
+        "replicated": 1,
+        "echo": 1,
+    }
+    weights = {}
+    for g, b in groups.items():
+        if g == "echo" and not L.speculative:
+            continue
+        per_stage = b / L.pp if g in ("attention", "ffn", "router", "replicated") else b
+        weights[g] = per_stage / shard[g]
+    hbm = L.gpu.memory_gb * GB
+    reserve = RESERVE_FRACTION * hbm
+    scratch = L.chunked_prefill_size * L.context_length / max(1, L.attn_cp) * 4.0
+    slots = L.requests_per_rank or 0
+    state = slots * request_state_bytes(cfg) / L.pp
+    kv_pool = hbm - sum(weights.values()) - reserve - scratch - state
+    kv = kv_bytes_per_token(cfg, L.kv_cache_dtype)
+    per_tok = pool_bytes_per_token(
+        cfg, L.kv_cache_dtype, speculative=L.speculative, swa_ratio=L.swa_full_tokens_ratio
+    )
+    per_tok_gpu = per_tok["per_token"] / L.pp
+    max_tokens = max(0, int(kv_pool // per_tok_gpu)) if kv_pool > 0 else 0
+    swa_tokens = int(max_tokens * L.swa_full_tokens_ratio)
+    reasons: list[str] = []
+    notes: list[str] = []
+    fixed = sum(weights.values()) + reserve + scratch + state
+    if kv_pool <= 0:
+        reasons.append(
+            f"weights {sum(weights.values()) / GB:.1f} GB + reserve {reserve / GB:.1f} GB + prefill scratch "
+            f"{scratch / GB:.1f} GB + request state {state / GB:.1f} GB = {fixed / GB:.1f} GB exceed the "
+            f"{L.gpu.memory_gb:g} GB of one {L.gpu.label}"
+        )
+    elif kv_pool < KV_SHARE_MIN * hbm:
+        reasons.append(
+            f"the KV pool gets {kv_pool / GB:.1f} GB = {kv_pool / hbm:.0%} of each GPU, below the sizing rule "
+            f"({KV_SHARE_MIN:.0%}): weights take {sum(weights.values()) / hbm:.0%} of the card"
+        )
+    need = math.ceil(L.context_length / max(1, L.attn_cp))
+    if kv_pool > 0 and max_tokens < need:
+        reasons.append(
+            f"the KV pool holds {max_tokens:,} tokens per rank, less than one {L.context_length:,}-token context"
+        )
+    if L.attn_tp > 0 and cfg.o_groups % L.attn_tp:
+        reasons.append(f"attention TP {L.attn_tp} does not divide the {cfg.o_groups} HCA output groups")
+    if L.num_gpus != L.nodes * L.gpus_per_node:
+        reasons.append(f"tp x pp x dp = {L.num_gpus} GPUs but the cell has {L.nodes} x {L.gpus_per_node}")
+    fits = not reasons
+    if fits and L.max_running_requests:
+        at_full = max_tokens * L.attn_cp // max(1, L.context_length)
+        per_rank = L.requests_per_rank
+        if at_full < per_rank:
+            notes.append(
+                f"{per_rank} running requests per rank can each reach "
+                f"{max_tokens * L.attn_cp // per_rank:,} tokens at once; only {at_full} can hold the full "
+                f"{L.context_length:,} context (SGLang queues or retracts the rest)"
+            )
+        page_tokens = 2 * 256  # a decode request's window straddles at most 2 pages of 256
+        if swa_tokens < per_rank * page_tokens:
+            notes.append(
+                f"the SWA pool ({swa_tokens:,} tokens) holds the window of {swa_tokens // page_tokens} decoding "
+                f"requests per rank, fewer than {per_rank}: raise --swa-full-tokens-ratio"
+            )
+    if L.hicache_ratio:
+        notes.append(
+            f"HiCache adds a host pool of {L.hicache_ratio:g}x the GPU KV pool ({L.hicache_ratio * kv_pool / GB:.0f} GB host RAM per GPU)"
+        )
+    return Plan(L, weights, reserve, scratch, state, kv_pool, kv, per_tok, max_tokens,
+                max_tokens * L.kv_ranks * L.attn_cp, swa_tokens, fits, reasons, notes)  # fmt: skip
+
+
+def minimum_gpus(cfg, gpu: Gpu, precision: str, **kw: Any) -> tuple[int, Plan]:
+    """Smallest GPU count (1, 2, 4, 8, 16, 32) whose minimal layout fits; with its plan."""
+    last = None
+    for n in CANDIDATE_GPU_COUNTS:
+        last = plan(cfg, Layout.minimal(gpu, precision, n, **kw))
+        if last.fits:
+            return n, last
+    raise ValueError(f"{precision} does not fit on {CANDIDATE_GPU_COUNTS[-1]} x {gpu.label}: {last.reasons}")
+
+
+def minimum_gpu_table(cfg) -> dict[tuple[str, str], int]:
+    return {(g, p): minimum_gpus(cfg, GPUS[g], p)[0] for g in GPUS for p in ("fp8", "bf16")}
