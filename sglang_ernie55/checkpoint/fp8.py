@@ -1,0 +1,57 @@
+"""Block-wise FP8 (e4m3) weights, 128x128 blocks (ARCHITECTURE.md convention 12).
+
+    W[i, j] = W_fp8[i, j].float() * scale_inv[i // 128, j // 128]
+
+`scale_inv` has one fp32 entry per block, ragged edge blocks included (shape ceil(rows/128) x
+ceil(cols/128)). Quantization picks scale = amax(|block|) / 448 (448 = largest e4m3 value), so every
+block uses the full e4m3 range; an all-zero block gets scale 1. Codes are round-to-nearest-even of
+W / scale (the division, not a multiplication by a reciprocal).
+
+Error bound of one element (3 mantissa bits; subnormal spacing 2^-9 below 2^-6):
+|W - deq(q(W))| <= max(|W| * 2^-4, scale * 2^-10).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from .spec import FP8_BLOCK, FP8_DTYPE
+
+FP8_MAX = float(torch.finfo(FP8_DTYPE).max)  # 448.0
+
+
+def _check_2d(name: str, t: torch.Tensor) -> None:
+    if t.dim() != 2:
+        raise ValueError(f"{name} must be 2-D, got shape {tuple(t.shape)}")
+
+
+def quantize_fp8_block(w: torch.Tensor, block: int = FP8_BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
+    """w [rows, cols] (any float dtype) -> (codes float8_e4m3fn [rows, cols], scale_inv fp32 [rb, cb])."""
+    _check_2d("w", w)
+    rows, cols = w.shape
+    rb, cb = math.ceil(rows / block), math.ceil(cols / block)
+    # Zero padding leaves every block's amax unchanged.
+    wp = F.pad(w.float(), (0, cb * block - cols, 0, rb * block - rows)).view(rb, block, cb, block)
+    amax = wp.abs().amax(dim=(1, 3))
+    scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
+    q = (wp / scale[:, None, :, None]).clamp_(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+    return q.view(rb * block, cb * block)[:rows, :cols].contiguous(), scale.contiguous()
+
+
+def dequantize_fp8_block(
+    q: torch.Tensor, scale_inv: torch.Tensor, dtype: torch.dtype = torch.float32, block: int = FP8_BLOCK
+) -> torch.Tensor:
+    """codes [rows, cols] + scale_inv [ceil(rows/128), ceil(cols/128)] -> W (fp32 math, then `dtype`)."""
+    _check_2d("q", q)
+    _check_2d("scale_inv", scale_inv)
+    rows, cols = q.shape
+    want = (math.ceil(rows / block), math.ceil(cols / block))
+    if tuple(scale_inv.shape) != want:
+        raise ValueError(
+            f"scale_inv shape {tuple(scale_inv.shape)} does not match weight {(rows, cols)}: want {want}"
+        )
+    s = scale_inv.float().repeat_interleave(block, 0)[:rows].repeat_interleave(block, 1)[:, :cols]
+    return (q.float() * s).to(dtype)

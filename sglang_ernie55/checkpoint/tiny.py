@@ -1,0 +1,84 @@
+"""Random checkpoints in the real format: the presets and the one function `make-tiny` calls.
+
+Presets:
+- `tiny`: `tiny_config()` (4 layers, hidden 256, every feature; shapes with whole and ragged FP8
+  blocks). Weights from the reference model's `init_random_(seed)`, so the in-memory reference model
+  (`reference_model(config, seed)`) and the checkpoint hold bitwise the same BF16 weights.
+- `full-width`: the real widths (hidden 4096, 64 heads, 512 experts, latent 2048, vocab 103424) at
+  reduced depth (`--layers`, default 4), for GPU benchmarks. Weights stream tensor by tensor from
+  `random_init` (the reference model's distributions), never a whole model in host memory.
+
+`--layers N` on either preset sets num_hidden_layers and the layer kinds of `preset_layer_types(N)`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from ..configuration import LAYER_HCA, LAYER_MLA_DSA, Ernie55Config, tiny_config
+from .writer import ProgressFn, write_checkpoint
+
+PRESETS = ("tiny", "full-width")
+INITS = ("reference", "spec")
+DEFAULT_SHARD_SIZE = {"tiny": "4MB", "full-width": "5GB"}
+DEFAULT_INIT = {"tiny": "reference", "full-width": "spec"}
+
+
+def preset_layer_types(num_layers: int) -> list[str]:
+    """Layer kinds for a reduced-depth stack: `mla_dsa` at layer 1 (after the dense layer 0) and where
+    i % 7 == 3, `hca` elsewhere; the last layer (ECHO's) stays HCA as in the full model (layer 42).
+    N = 4 gives tiny_config()'s [hca, mla_dsa, hca, hca]."""
+    kinds = [LAYER_MLA_DSA if (i == 1 or i % 7 == 3) else LAYER_HCA for i in range(num_layers)]
+    if num_layers > 1:
+        kinds[-1] = LAYER_HCA
+    return kinds
+
+
+def preset_config(preset: str, layers: int | None = None) -> Ernie55Config:
+    if preset not in PRESETS:
+        raise ValueError(f"preset must be one of {PRESETS}, got {preset!r}")
+    depth = {} if layers is None else {"num_hidden_layers": layers, "layer_types": preset_layer_types(layers)}
+    if preset == "tiny":
+        return tiny_config(**depth)
+    if layers is None:
+        depth = {"num_hidden_layers": 4, "layer_types": preset_layer_types(4)}
+    return Ernie55Config(bos_token_id=1, eos_token_id=2, **depth)
+
+
+def reference_model(config: Ernie55Config, seed: int):
+    """The in-memory reference model whose weights `make_checkpoint(init="reference")` writes."""
+    from ..reference.model import build_reference
+
+    return build_reference(config, seed=seed, dtype=torch.bfloat16)
+
+
+def make_checkpoint(
+    out: str | Path,
+    *,
+    preset: str = "tiny",
+    dtype: str = "bf16",
+    seed: int = 0,
+    layers: int | None = None,
+    init: str | None = None,
+    max_shard_size: str | int | None = None,
+    device: str = "cpu",
+    force: bool = False,
+    progress: ProgressFn | None = None,
+) -> Path:
+    """Write a random checkpoint of `preset` in format `dtype` (bf16 | fp8) to `out`; returns the path."""
+    config = preset_config(preset, layers)
+    init = init or DEFAULT_INIT[preset]
+    if init not in INITS:
+        raise ValueError(f"init must be one of {INITS}, got {init!r}")
+    if init == "reference":
+        tensors = reference_model(config, seed).state_dict()
+    else:
+        from .random_init import iter_random_tensors
+
+        tensors = iter_random_tensors(config, seed, device=device)
+    return write_checkpoint(
+        out, config, tensors, dtype,
+        max_shard_bytes=max_shard_size or DEFAULT_SHARD_SIZE[preset], force=force, progress=progress,
+    )  # fmt: skip
