@@ -16,6 +16,7 @@ from .._version import SGLANG_PIN, __version__
 
 # subcommand -> module (order = order in --help)
 SUBCOMMANDS: dict[str, str] = {
+    "demo": "sglang_ernie55.cli.demo",
     "make-tiny": "sglang_ernie55.cli.make_tiny",
     "cmd": "sglang_ernie55.cli.cmd",
     "plan": "sglang_ernie55.cli.plan",

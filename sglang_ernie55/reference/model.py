@@ -433,6 +433,19 @@ class Ernie55ReferenceModel(nn.Module):
         cache.next_pos += input_ids.shape[0]
         return RefOutput(self.head(R), R)
 
+    @torch.no_grad()
+    def generate_greedy(self, prompt_ids: torch.Tensor, max_new_tokens: int, eos_id: int | None = None) -> list[int]:
+        """Greedy continuation through the incremental path (ties: lowest token id, like argmax)."""
+        cache, out = self.new_cache(), []
+        logits = self.step(prompt_ids, cache).logits[-1]
+        for _ in range(max_new_tokens):
+            tok = int(torch.argmax(logits))
+            out.append(tok)
+            if eos_id is not None and tok == eos_id:
+                break
+            logits = self.step(torch.tensor([tok], device=prompt_ids.device), cache).logits[-1]
+        return out
+
     # -- ECHO draft ---------------------------------------------------------------------------
     def echo_inputs(self, streams: torch.Tensor, next_tokens: torch.Tensor) -> torch.Tensor:
         """R0[i] = e_proj(enorm(embed(next_token_i))) + h_proj(hnorm(streams[i]))  -> [T, n, H]."""

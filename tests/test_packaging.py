@@ -1,0 +1,53 @@
+"""The wheel: `kernels/` ships as `sglang_ernie55.kernels` (never a top-level `kernels`, which is the PyPI
+package SGLang depends on), hardware cells ship as package data, and both `kernels` packages import."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("wheel")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out), str(ROOT)],
+        check=True, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    (whl,) = out.glob("sglang_ernie55-*.whl")
+    return whl
+
+
+def test_wheel_layout(wheel):
+    names = zipfile.ZipFile(wheel).namelist()
+    assert not [n for n in names if n.startswith("kernels/")], "a top-level kernels/ would shadow PyPI's `kernels`"
+    assert "sglang_ernie55/kernels/__init__.py" in names
+    assert any(n.startswith("sglang_ernie55/reference/") for n in names)
+    cells = [n for n in names if n.startswith("sglang_ernie55/cells/") and n.endswith(".toml")]
+    assert cells, "hardware cells (configs/) must ship as package data"
+    ep = [n for n in names if n.endswith("entry_points.txt")]
+    text = zipfile.ZipFile(wheel).read(ep[0]).decode()
+    assert "[sglang.srt.plugins]" in text and "ernie55 = sglang_ernie55.plugin:register" in text
+
+
+def test_installed_wheel_imports_both_kernels_packages(wheel, tmp_path):
+    target = tmp_path / "site"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target), str(wheel)],
+        check=True, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    code = (
+        "import sys; sys.path.insert(0, %r); "
+        "import kernels, sglang_ernie55.kernels as ours; "
+        "assert ours.__file__.startswith(%r), ours.__file__; "
+        "assert not kernels.__file__.startswith(%r), kernels.__file__; "
+        "print('OK', kernels.__name__, ours.__name__)"
+    ) % (str(target), str(target), str(target))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert out.returncode == 0 and "OK kernels sglang_ernie55.kernels" in out.stdout, out.stderr[-3000:]
