@@ -13,10 +13,13 @@ class Ernie55ArgumentError(ValueError):
     A ValueError, so SGLang's launchers report it like their own argument errors.
     """
 
-    def __init__(self, flag: str, value: object, legal: str | Iterable[object], why: str, fix: str = ""):
+    def __init__(self, flag: str, value: object, legal: object, why: str, fix: str = ""):
         self.flag = flag
         self.value = value
-        self.legal = legal if isinstance(legal, str) else ", ".join(str(v) for v in legal)
+        if isinstance(legal, str) or not isinstance(legal, Iterable):
+            self.legal = str(legal)
+        else:
+            self.legal = ", ".join(str(v) for v in legal)
         self.why = why
         self.fix = fix
         msg = f"ERNIE-5.5: {flag} {value}: legal: {self.legal}. {why}"

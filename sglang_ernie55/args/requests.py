@@ -1,0 +1,93 @@
+"""Request-time rules of the OpenAI endpoints, for ERNIE-5.5 servers only.
+
+SGLang 0.5.23 serves a `/v1/completions` request whatever its `model` field says (only
+`/v1/models/{model}` checks the name), and under PD disaggregation a request with `n > 1` hangs: its
+sub-requests share one bootstrap room. Both are caught up front by an AROUND hook on the endpoint's
+`_validate_request` (HookRegistry; patch ledger in docs/hooks.md), which falls through unchanged for
+other architectures:
+
+- `model` given and not the served name (nor `<served name>:<LoRA adapter>`): HTTP 404
+  `model_not_found`, as `/v1/models/{model}` and vLLM answer. A request without `model` is served
+  (SGLang's default name), as before.
+- `n > 1` while `--disaggregation-mode` is prefill or decode: HTTP 400 saying why.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..configuration import ARCHITECTURES
+
+# (module, class) of the OpenAI handlers whose `_validate_request` is wrapped.
+REQUEST_HOOK_TARGETS = (
+    ("sglang.srt.entrypoints.openai.serving_completions", "OpenAIServingCompletion"),
+    ("sglang.srt.entrypoints.openai.serving_chat", "OpenAIServingChat"),
+)
+
+
+def _is_ernie(tokenizer_manager: Any) -> bool:
+    hf_config = getattr(getattr(tokenizer_manager, "model_config", None), "hf_config", None)
+    archs = getattr(hf_config, "architectures", None) or []
+    return bool(archs) and archs[0] in ARCHITECTURES
+
+
+def _pd_mode(tokenizer_manager: Any) -> str:
+    mode = getattr(tokenizer_manager, "disaggregation_mode", None)
+    mode = getattr(mode, "value", mode)
+    if mode is None:
+        mode = getattr(getattr(tokenizer_manager, "server_args", None), "disaggregation_mode", "null")
+    return str(mode)
+
+
+def pd_parallel_sampling_error(n: int | None, pd_mode: str) -> str | None:
+    """The 400 message for n > 1 under PD disaggregation, else None."""
+    if not n or n <= 1 or pd_mode in ("null", "none", ""):
+        return None
+    return (
+        f"n={n} is not supported by this ERNIE-5.5 server: it runs with PD disaggregation "
+        f"(--disaggregation-mode {pd_mode}), where the {n} samples of one request would share a single "
+        "KV-transfer bootstrap room and the request would hang. Send n=1 and repeat the request "
+        "(with a different seed) for several samples."
+    )
+
+
+def model_name_error(handler: Any, request: Any) -> str | None:
+    """The 404 message when the request names a model this server does not serve, else None."""
+    if "model" not in getattr(request, "model_fields_set", {"model"}):
+        return None
+    served = handler.tokenizer_manager.served_model_name
+    base, _adapter = handler._parse_model_parameter(request.model)
+    if request.model == served or base == served:
+        return None
+    return (
+        f"The model '{request.model}' does not exist: this server serves '{served}' (send that as "
+        "`model`; a BF16 deployment serves the -BF16 name). Checked up front because under PD "
+        "disaggregation a mismatch would fail mid-stream."
+    )
+
+
+def validate_request_hook(original, self, request, *args, **kwargs):
+    """AROUND hook on `<OpenAI handler>._validate_request`: SGLang's checks, then ERNIE-5.5's."""
+    error = original(self, request, *args, **kwargs)
+    if error or not _is_ernie(self.tokenizer_manager):
+        return error
+    message = model_name_error(self, request)
+    if message:
+        from fastapi import HTTPException
+
+        raise HTTPException(status_code=404, detail=message)  # handle_request answers it as a 404
+    return pd_parallel_sampling_error(getattr(request, "n", 1), _pd_mode(self.tokenizer_manager))
+
+
+_registered = False
+
+
+def register() -> None:
+    global _registered
+    if _registered:
+        return
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    for module, cls in REQUEST_HOOK_TARGETS:
+        HookRegistry.register(f"{module}.{cls}._validate_request", validate_request_hook, HookType.AROUND)
+    _registered = True

@@ -1,0 +1,169 @@
+"""Validation of user-given server arguments, as wrappers of SGLang's named resolution steps.
+
+`register_resolution_hook(step)` wraps a whitelisted step of `run_resolution_pipeline` at its own
+position: each wrapper here does nothing for other architectures and calls the step unchanged
+(`previous(server_args)`). Values are read through `resolving_view` (what the user gave plus what
+SGLang decided so far); "user-given" checks read the raw field, which keeps what the user typed.
+
+| step wrapped | rules checked (rules.py) | when |
+| --- | --- | --- |
+| handle_model_specific_adjustments | attention backends, page size, KV dtypes, parsers, --hicache-size | before the step (it applies our model overrides) |
+|                                    | --context-length > 131072 warning | after |
+| handle_data_parallelism            | attention TP = tp / attn_dp / attn_cp divides o_groups | before (the step asserts tp % attn_dp bare) |
+| handle_context_parallelism         | the same, on the final layout | after (prefill CP may rewrite attn_cp_size) |
+| handle_a2a_moe                     | a2a backend none under PP; deepep needs EP >= 4 | before (PP) / after (EP: SGLang sets ep = tp) |
+| handle_speculative_decoding        | ECHO: EAGLE/NEXTN, topk 1, steps 1-3, draft tokens = steps + 1; draft path | before the step |
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from .. import envs
+from ..configuration import ARCHITECTURES
+from . import rules
+
+logger = logging.getLogger(__name__)
+
+_SOURCE = "sglang_ernie55.args"
+
+
+def ernie_architecture(server_args: Any) -> str | None:
+    """The ERNIE-5.5 architecture of the served checkpoint, or None for any other model (and for the
+    dummy / instance-connector paths, which have no config). Uses SGLang's memoized ModelConfig."""
+    from sglang.srt.arg_groups.model_override_base import model_config_of, resolving_view
+    from sglang.srt.connector import ConnectorType
+    from sglang.srt.utils import parse_connector_type
+
+    cfg = resolving_view(server_args)
+    if str(cfg.model_path).lower() in ("none", "dummy"):
+        return None
+    if parse_connector_type(cfg.model_path) == ConnectorType.INSTANCE:
+        return None
+    archs = getattr(model_config_of(server_args).hf_config, "architectures", None) or []
+    return archs[0] if archs and archs[0] in ARCHITECTURES else None
+
+
+def _hf_config(server_args: Any) -> Any:
+    from sglang.srt.arg_groups.model_override_base import model_config_of
+
+    return model_config_of(server_args).hf_config
+
+
+def _declare(server_args: Any, **fields: Any) -> None:
+    from sglang.srt.arg_groups.overrides import declare_resolution
+
+    declare_resolution(server_args, _SOURCE, **fields)
+
+
+# ---------------------------------------------------------------------------------------------- wrappers
+def model_specific_adjustments(server_args: Any, previous) -> None:
+    from sglang.srt.arg_groups.model_override_base import resolving_view
+
+    if ernie_architecture(server_args) is None:
+        previous(server_args)
+        return
+    cfg = resolving_view(server_args)
+    for flag in rules.ATTENTION_BACKEND_FLAGS + ("--speculative-draft-attention-backend",):
+        rules.check_attention_backend(flag, getattr(server_args, flag[2:].replace("-", "_")))
+    rules.check_page_size(server_args.page_size)
+    rules.resolve_kv_cache_dtype(cfg.kv_cache_dtype, "--kv-cache-dtype")
+    if cfg.speculative_draft_kv_cache_dtype is not None:
+        rules.resolve_kv_cache_dtype(cfg.speculative_draft_kv_cache_dtype, "--speculative-draft-kv-cache-dtype")
+    warning = rules.check_parsers(cfg.reasoning_parser, cfg.tool_call_parser, envs.allow_parsers())
+    if warning:
+        logger.warning("ERNIE-5.5: %s", warning)
+    rules.check_hicache_size(cfg.hicache_size)
+
+    previous(server_args)  # applies ernie55_overrides (overrides.py) among the model overrides
+
+    cfg = resolving_view(server_args)
+    warning = rules.long_context_guidance(cfg.context_length, cfg.max_running_requests)
+    if warning:
+        logger.warning("ERNIE-5.5: %s", warning)
+
+
+def _check_attention_tp(server_args: Any) -> None:
+    from sglang.srt.arg_groups.model_override_base import resolving_view
+
+    cfg = resolving_view(server_args)
+    groups = int(getattr(_hf_config(server_args), "o_groups", rules.DEFAULT_ATTENTION_OUTPUT_GROUPS))
+    rules.check_attention_tp(cfg.tp_size, cfg.attn_dp_size, cfg.attn_cp_size, groups)
+
+
+def data_parallelism(server_args: Any, previous) -> None:
+    # Before the step: it asserts tp % attn_dp_size == 0 without a message.
+    if ernie_architecture(server_args) is not None:
+        _check_attention_tp(server_args)
+    previous(server_args)
+
+
+def context_parallelism(server_args: Any, previous) -> None:
+    # After the step: prefill context parallelism may rewrite attn_cp_size; this is the final layout.
+    previous(server_args)
+    if ernie_architecture(server_args) is not None:
+        _check_attention_tp(server_args)
+
+
+def a2a_moe(server_args: Any, previous) -> None:
+    from sglang.srt.arg_groups.model_override_base import resolved_view
+
+    ernie = ernie_architecture(server_args) is not None
+    if ernie:
+        # Before the step, with the EP size the step will set (deepep: ep = tp), so that our message comes
+        # first; after it again on the final values (e.g. --enable-waterfill switches the backend to deepep).
+        n_experts = int(getattr(_hf_config(server_args), "n_routed_experts", rules.FULL_MODEL_ROUTED_EXPERTS))
+        view = resolved_view(server_args)
+        ep = view.tp_size if view.moe_a2a_backend == "deepep" else view.ep_size
+        rules.check_a2a(view.moe_a2a_backend, ep, view.pp_size, n_experts)
+    previous(server_args)
+    if ernie:
+        view = resolved_view(server_args)
+        rules.check_a2a(view.moe_a2a_backend, view.ep_size, view.pp_size, n_experts)
+
+
+def speculative_decoding(server_args: Any, previous) -> None:
+    from sglang.srt.arg_groups.model_override_base import resolving_view
+
+    if ernie_architecture(server_args) is not None:
+        cfg = resolving_view(server_args)
+        decision = rules.resolve_speculative(
+            cfg.speculative_algorithm, cfg.speculative_num_steps, cfg.speculative_eagle_topk,
+            cfg.speculative_num_draft_tokens,
+        )  # fmt: skip
+        if decision is not None:
+            fields: dict[str, Any] = {
+                "speculative_num_steps": decision.steps,
+                "speculative_eagle_topk": decision.topk,
+                "speculative_num_draft_tokens": decision.draft_tokens,
+            }
+            if cfg.speculative_draft_model_path is None:
+                # ECHO ships inside the checkpoint (SGLang does the same for DSV4's MTP layer).
+                fields["speculative_draft_model_path"] = cfg.model_path
+                fields["speculative_draft_model_revision"] = cfg.revision
+            _declare(server_args, **fields)
+    previous(server_args)
+
+
+# Step name -> wrapper. Registration order = nesting: the last registered runs outermost.
+RESOLUTION_HOOKS = {
+    "handle_model_specific_adjustments": model_specific_adjustments,
+    "handle_data_parallelism": data_parallelism,
+    "handle_context_parallelism": context_parallelism,
+    "handle_a2a_moe": a2a_moe,
+    "handle_speculative_decoding": speculative_decoding,
+}
+
+_registered = False
+
+
+def register() -> None:
+    global _registered
+    if _registered:
+        return
+    from sglang.srt.arg_groups.resolution_hooks import register_resolution_hook
+
+    for step, fn in RESOLUTION_HOOKS.items():
+        register_resolution_hook(step)(fn)
+    _registered = True

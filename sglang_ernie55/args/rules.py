@@ -1,0 +1,327 @@
+"""The server-argument rules of ERNIE-5.5-Flash, as plain functions over values.
+
+Source: ../shared/SERVING.md (the vendor's and both engines' deployment guides). Each function takes
+the values it judges and either returns what this project decides or raises `Ernie55ArgumentError`
+naming the flag, the value, the legal values and why. `resolution.py` feeds them from SGLang's
+resolution pipeline; `ERNIE55_FLAG_RULES` is the user-facing table (docs/server-args.md).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import NamedTuple
+
+from ..configuration import SERVING_PAGE_SIZE
+from .errors import Ernie55ArgumentError
+
+logger = logging.getLogger(__name__)
+
+# ---------------------------------------------------------------------------------------------- defaults
+ATTENTION_BACKEND = "ernie55"
+ATTENTION_BACKEND_FLAGS = ("--attention-backend", "--prefill-attention-backend", "--decode-attention-backend")
+PAGE_SIZE = SERVING_PAGE_SIZE  # 256
+SWA_FULL_TOKENS_RATIO = 0.1
+
+# ---------------------------------------------------------------------------------------------- KV dtype
+KV_CACHE_DTYPE_DEFAULT = "fp8_e4m3"
+KV_CACHE_DTYPES = ("fp8_e4m3", "bfloat16")
+# Spellings that mean one of the legal dtypes. `auto` is SGLang's default value (also what an unset
+# flag reads as), so it is the model's default, fp8_e4m3. `bf16` is SGLang's own alias of bfloat16.
+KV_CACHE_DTYPE_ALIASES = {"auto": KV_CACHE_DTYPE_DEFAULT, "bf16": "bfloat16"}
+
+# ---------------------------------------------------------------------------------------------- parallelism
+DEFAULT_ATTENTION_OUTPUT_GROUPS = 8  # config.json o_groups
+DEEPEP_MIN_EP = 4
+FULL_MODEL_ROUTED_EXPERTS = 512
+
+# ---------------------------------------------------------------------------------------------- ECHO
+SPEC_ALGORITHMS = ("EAGLE", "NEXTN")
+SPEC_STEPS = (1, 2, 3)
+SPEC_DEFAULT_STEPS = 2  # the vendor's low-latency preset: two steps take most of the gain
+SPEC_TOPK = 1
+
+# ---------------------------------------------------------------------------------------------- context
+LONG_CONTEXT_THRESHOLD = 131072
+# Fixed guidance from the deployment guides (1M context on 2x B300). Replace by the memory planner's
+# numbers (sglang_ernie55/cli/plan.py) in `long_context_guidance` once it exists.
+LONG_CONTEXT_MAX_RUNNING_REQUESTS = 8
+LONG_CONTEXT_CUDA_GRAPH_MAX_BS = 8
+
+
+def _flag_value(v: object) -> str:
+    return repr(v) if isinstance(v, str) and not v else str(v)
+
+
+# ---------------------------------------------------------------------------------------------- rules
+def check_attention_backend(flag: str, value: str | None) -> None:
+    """A user-given attention backend must be `ernie55` (None: the model override sets it)."""
+    if value is None or value == ATTENTION_BACKEND:
+        return
+    raise Ernie55ArgumentError(
+        flag, value, ATTENTION_BACKEND,
+        "ERNIE-5.5 interleaves HCA layers (a 128-token window plus 1/128-compressed blocks and an "
+        "attention sink) with MLA-DSA layers (sparse top-k over a latent cache); only the `ernie55` "
+        "backend implements both over this model's KV pools, generic backends would compute another attention.",
+        f"Drop {flag}: the model selects `ernie55` by itself.",
+    )  # fmt: skip
+
+
+def check_page_size(value: int | None) -> None:
+    if value is None or value == PAGE_SIZE:
+        return
+    raise Ernie55ArgumentError(
+        "--page-size", value, PAGE_SIZE,
+        f"ERNIE-5.5's KV pools are paged at {PAGE_SIZE} tokens so that a page holds whole 128-token "
+        "compressed HCA blocks and whole sliding windows; the `ernie55` backend and pools assume it.",
+        "Drop --page-size: the model sets 256 by itself.",
+    )  # fmt: skip
+
+
+def resolve_kv_cache_dtype(value: str | None, flag: str = "--kv-cache-dtype") -> tuple[str, str | None]:
+    """(legal dtype, note to log or None). `auto`/None -> fp8_e4m3, `bf16` -> bfloat16; vLLM's `fp8` and
+    every other dtype raise."""
+    if value is None:
+        return KV_CACHE_DTYPE_DEFAULT, None
+    if value in KV_CACHE_DTYPES:
+        return value, None
+    if value in KV_CACHE_DTYPE_ALIASES:
+        to = KV_CACHE_DTYPE_ALIASES[value]
+        if value == "auto":
+            note = (
+                f"{flag} auto -> {to}: ERNIE-5.5's default KV cache. Note that vLLM's `auto` means BF16; "
+                f"pass {flag} bfloat16 for a BF16 cache."
+            )
+        else:
+            note = f"{flag} {value} -> {to} (the same dtype, SGLang's alias)."
+        return to, note
+    if value == "fp8":
+        why = (
+            "`fp8` is vLLM's spelling; SGLang names the format, and this model's FP8 KV layout is "
+            "fp8_e4m3 (with ue8m0 scales)."
+        )
+        fix = f"Write {flag} fp8_e4m3 (what vLLM's fp8 means here) or {flag} bfloat16."
+    else:
+        why = (
+            "the ERNIE-5.5 KV pools and kernels store fp8_e4m3 (with ue8m0 block scales) or bfloat16 "
+            "only; another format would be written in a layout no ERNIE-5.5 kernel reads."
+        )
+        fix = ""
+    raise Ernie55ArgumentError(flag, value, KV_CACHE_DTYPES, why, fix)
+
+
+def attention_tp_size(tp: int, attn_dp: int, attn_cp: int) -> float:
+    """tp / attn_dp / attn_cp as SGLang derives it (a float here, so a non-integer split shows)."""
+    return tp / attn_dp / attn_cp
+
+
+def legal_attention_layouts(tp: int, attn_dp: int, attn_cp: int, groups: int) -> list[str]:
+    """The nearest legal settings: the same --tp with the two nearest other --attn-dp-size values, then the
+    nearest legal --tp below and above with the same --attn-dp-size / --attn-cp-size."""
+    cp = f" --attn-cp-size {attn_cp}" if attn_cp > 1 else ""
+    same_tp = [d for d in range(1, tp + 1)
+               if d != attn_dp and tp % (d * attn_cp) == 0 and groups % (tp // (d * attn_cp)) == 0]  # fmt: skip
+    same_tp.sort(key=lambda d: (abs(d - attn_dp), d))
+    out = [f"--tp {tp} --attn-dp-size {d}{cp} (attention TP {tp // (d * attn_cp)})" for d in same_tp[:2]]
+    legal_tps = [attn_dp * attn_cp * g for g in range(1, groups + 1) if groups % g == 0]
+    below = [t for t in legal_tps if t < tp]
+    above = [t for t in legal_tps if t > tp]
+    dp = f" --attn-dp-size {attn_dp}" if attn_dp > 1 else ""
+    for t in ([below[-1]] if below else []) + ([above[0]] if above else []):
+        out.append(f"--tp {t}{dp}{cp} (attention TP {t // (attn_dp * attn_cp)})")
+    return out
+
+
+def check_attention_tp(tp: int, attn_dp: int, attn_cp: int, groups: int = DEFAULT_ATTENTION_OUTPUT_GROUPS) -> int:
+    """The attention TP size tp / attn_dp / attn_cp must be a whole divisor of the `groups` output groups.
+    Returns it."""
+    a = attention_tp_size(tp, attn_dp, attn_cp)
+    if a == int(a) and a >= 1 and groups % int(a) == 0:
+        return int(a)
+    legal = [g for g in range(1, groups + 1) if groups % g == 0]
+    shown = f"{a:g}" if a != int(a) else str(int(a))
+    raise Ernie55ArgumentError(
+        "--tp/--attn-dp-size/--attn-cp-size",
+        f"{tp}/{attn_dp}/{attn_cp} (attention TP = tp / attn_dp_size / attn_cp_size = {shown})",
+        f"attention TP in {legal}",
+        f"ERNIE-5.5's attention output projection has {groups} groups (o_groups) and each attention-TP "
+        "rank must own whole groups, so the attention TP size must divide "
+        f"{groups} (e.g. BF16 on 2x8 H100 is --tp 16 --attn-dp-size 2: attention TP 8).",
+        "Nearest legal settings: " + "; ".join(legal_attention_layouts(tp, attn_dp, attn_cp, groups)) + ".",
+    )
+
+
+def check_a2a(backend: str, ep: int, pp: int, n_routed_experts: int = FULL_MODEL_ROUTED_EXPERTS) -> None:
+    """`deepep` needs EP >= 4; under pipeline parallelism the a2a backend must be `none`."""
+    if pp > 1 and backend != "none":
+        raise Ernie55ArgumentError(
+            "--moe-a2a-backend", backend, "none (with --pp-size > 1)",
+            f"with pipeline parallelism (--pp-size {pp}) ERNIE-5.5's MoE all-to-all is not supported: "
+            "the deployment guides set --moe-a2a-backend none under PP.",
+            "Drop --moe-a2a-backend (or pass none), or drop --pp-size.",
+        )  # fmt: skip
+    if backend == "deepep" and ep < DEEPEP_MIN_EP:
+        per_rank = n_routed_experts // max(ep, 1)
+        full = FULL_MODEL_ROUTED_EXPERTS // max(ep, 1)
+        raise Ernie55ArgumentError(
+            "--moe-a2a-backend deepep with --ep", ep, f"--ep >= {DEEPEP_MIN_EP}",
+            f"at expert parallel size {ep} each rank holds {per_rank} of the {n_routed_experts} routed experts "
+            f"({full} of 512 for the full model), beyond DeepEP's per-rank expert limit; from --ep "
+            f"{DEEPEP_MIN_EP} a rank holds at most {FULL_MODEL_ROUTED_EXPERTS // DEEPEP_MIN_EP} of 512. SGLang sets "
+            "the expert parallel size to --tp under deepep.",
+            f"Use --tp/--ep >= {DEEPEP_MIN_EP}, or drop --moe-a2a-backend deepep (--moe-a2a-backend none).",
+        )  # fmt: skip
+
+
+class SpecDecision(NamedTuple):
+    algorithm: str
+    steps: int
+    topk: int
+    draft_tokens: int
+
+
+def resolve_speculative(
+    algorithm: str | None, steps: int | None, topk: int | None, draft_tokens: int | None
+) -> SpecDecision | None:
+    """ECHO: EAGLE/NEXTN, chain drafts (topk 1), steps in {1,2,3} (default 2), draft tokens = steps + 1.
+    None when speculative decoding is off."""
+    if algorithm is None:
+        return None
+    algo = algorithm.upper()
+    if algo == "DSPARK":
+        raise Ernie55ArgumentError(
+            "--speculative-algorithm", algorithm, SPEC_ALGORITHMS,
+            "DSpark drafts exist only for the (unreleased) post-trained ERNIE-5.5; this Base checkpoint "
+            "has no DSpark draft. Its speculative decoder is the ECHO layer it ships (MTP-style).",
+            "Use --speculative-algorithm EAGLE --speculative-num-steps 2 --speculative-eagle-topk 1 "
+            "--speculative-num-draft-tokens 3.",
+        )  # fmt: skip
+    if algo not in SPEC_ALGORITHMS:
+        raise Ernie55ArgumentError(
+            "--speculative-algorithm", algorithm, SPEC_ALGORITHMS,
+            "ERNIE-5.5's speculative decoder is its ECHO draft layer, run by SGLang's EAGLE worker "
+            "(NEXTN is SGLang's alias of it) with chain drafts; other algorithms have no ERNIE-5.5 draft "
+            "or need tree verification the `ernie55` backend does not implement.",
+        )  # fmt: skip
+    if topk is not None and topk != SPEC_TOPK:
+        raise Ernie55ArgumentError(
+            "--speculative-eagle-topk", topk, SPEC_TOPK,
+            "ECHO drafts a chain (one candidate per step); the `ernie55` backend has no tree attention.",
+            "Pass --speculative-eagle-topk 1 or leave it out.",
+        )  # fmt: skip
+    if steps is not None and steps not in SPEC_STEPS:
+        raise Ernie55ArgumentError(
+            "--speculative-num-steps", steps, SPEC_STEPS,
+            "the ECHO layer is trained for up to 3 draft steps; 2 take most of the gain (low-latency preset).",
+        )  # fmt: skip
+    s = SPEC_DEFAULT_STEPS if steps is None else steps
+    if draft_tokens is not None and draft_tokens != s + 1:
+        hint = (
+            f" vLLM's num_speculative_tokens={draft_tokens} is SGLang's --speculative-num-steps {draft_tokens}"
+            f" (then --speculative-num-draft-tokens {draft_tokens + 1})."
+            if draft_tokens - 1 in SPEC_STEPS or draft_tokens in SPEC_STEPS
+            else ""
+        )
+        raise Ernie55ArgumentError(
+            "--speculative-num-draft-tokens", draft_tokens,
+            f"{s + 1} (= --speculative-num-steps {s} + 1)",
+            "with chain drafts SGLang verifies the current token plus one drafted token per step, so the "
+            "draft-token count is always steps + 1; any other value silently drafts a different number of "
+            f"tokens. Copying vLLM's `num_speculative_tokens` here is the usual mistake:{hint}",
+            f"Leave --speculative-num-draft-tokens out (it defaults to steps + 1 = {s + 1}).",
+        )  # fmt: skip
+    return SpecDecision("EAGLE", s, SPEC_TOPK, s + 1)
+
+
+def check_parsers(reasoning_parser: str | None, tool_call_parser: str | None, allow: bool) -> str | None:
+    """The Base model emits no reasoning sections or tool calls: refuse a parser unless the operator
+    allowed it (SGLANG_ERNIE55_ALLOW_PARSERS=1). Returns a warning text when allowed, else None."""
+    given = [(f, v) for f, v in (("--reasoning-parser", reasoning_parser), ("--tool-call-parser", tool_call_parser))
+             if v is not None]  # fmt: skip
+    if not given:
+        return None
+    flag, value = given[0]
+    why = (
+        "the ERNIE-5.5-Flash Base checkpoint is a completion model: it was not trained to emit reasoning "
+        "sections or tool calls, so a parser would never fire or would cut ordinary text that happens to "
+        "look like its markers. The `ernie55` parsers belong to the post-trained model, which is not released."
+    )
+    if allow:
+        return (f"{flag} {value} on the ERNIE-5.5 Base model (allowed by SGLANG_ERNIE55_ALLOW_PARSERS=1): {why}")
+    raise Ernie55ArgumentError(
+        flag, value, "none (leave it out)", why,
+        "If you serve your own fine-tune of this architecture that does emit that parser's format, set "
+        "SGLANG_ERNIE55_ALLOW_PARSERS=1.",
+    )  # fmt: skip
+
+
+def check_hicache_size(hicache_size: int) -> None:
+    if not hicache_size:
+        return
+    raise Ernie55ArgumentError(
+        "--hicache-size", hicache_size, "0 (unset); size the host cache with --hicache-ratio",
+        "ERNIE-5.5's hierarchical cache mirrors several pools (SWA window, compressed HCA, MLA-DSA latents "
+        "and indexer keys) whose sizes follow the device pool; a byte size cannot be split across them, a "
+        "ratio of the device pool can. (vLLM's offload connector takes bytes per rank; SGLang's takes a ratio.)",
+        "Use --enable-hierarchical-cache --hicache-ratio 2.",
+    )  # fmt: skip
+
+
+def long_context_guidance(context_length: int | None, max_running_requests: int | None = None) -> str | None:
+    """The warning for --context-length above 131072, or None.
+
+    Fixed numbers from the deployment guides for now; when the memory planner (cli/plan.py) exists,
+    this is the one place to ask it for the cell's numbers instead.
+    """
+    if context_length is None or context_length <= LONG_CONTEXT_THRESHOLD:
+        return None
+    running = "" if max_running_requests is None else f" (now {max_running_requests})"
+    return (
+        f"--context-length {context_length} is above {LONG_CONTEXT_THRESHOLD}: supporting 1M tokens is a "
+        "capability, not a default. Each request's KV can now take a large share of the pool, so also "
+        f"lower --max-running-requests to single digits (about {LONG_CONTEXT_MAX_RUNNING_REQUESTS} for "
+        f"1048576 on 2x B300){running} and --cuda-graph-max-bs-decode (about {LONG_CONTEXT_CUDA_GRAPH_MAX_BS}), "
+        "or the server admits more long requests than the KV pool holds and captures graphs it never uses."
+    )
+
+
+# ---------------------------------------------------------------------------------------------- the table
+class FlagRule(NamedTuple):
+    flag: str
+    behaviour: str
+
+
+ERNIE55_FLAG_RULES: tuple[FlagRule, ...] = (
+    FlagRule("`--attention-backend` (and `--prefill-/--decode-attention-backend`)",
+             "default `ernie55`; any other value: error"),
+    FlagRule("`--page-size`", "default 256; any other value: error"),
+    FlagRule("`--swa-full-tokens-ratio`", "default 0.1; a given value is kept (SGLang checks (0, 1])"),
+    FlagRule("`--kv-cache-dtype` (and `--speculative-draft-kv-cache-dtype`)",
+             "default / `auto` -> `fp8_e4m3` (logged; vLLM's `auto` means BF16); `bf16` -> `bfloat16` (logged); "
+             "`fp8_e4m3`, `bfloat16` kept; vLLM's `fp8` and every other dtype: error naming the legal values"),
+    FlagRule("`--tp`, `--attn-dp-size`, `--attn-cp-size`",
+             "attention TP = tp / attn_dp / attn_cp must divide 8 (o_groups); else error with the computed "
+             "attention TP and the nearest legal settings (`--tp 16 --attn-dp-size 2` is legal)"),
+    FlagRule("`--moe-a2a-backend deepep`", "needs `--ep` >= 4 (SGLang sets ep = tp); else error (experts per rank)"),
+    FlagRule("`--moe-a2a-backend` with `--pp-size` > 1", "must be `none`; else error"),
+    FlagRule("`--speculative-algorithm`", "`EAGLE` or `NEXTN` (ECHO); `DSPARK`: error (Base has no DSpark draft); "
+             "others: error. The draft path defaults to the model path (ECHO ships in the checkpoint)"),
+    FlagRule("`--speculative-eagle-topk`", "default 1; any other value: error (chain drafts only)"),
+    FlagRule("`--speculative-num-steps`", "default 2 (low-latency preset); legal 1, 2, 3; else error"),
+    FlagRule("`--speculative-num-draft-tokens`",
+             "default steps + 1; any other value: error naming vLLM's `num_speculative_tokens` confusion"),
+    FlagRule("`--reasoning-parser`, `--tool-call-parser`",
+             "error on the Base model; `SGLANG_ERNIE55_ALLOW_PARSERS=1` lets them through with a warning "
+             "(for your own fine-tune that emits that format)"),
+    FlagRule("`--hicache-size`", "error: use `--hicache-ratio` (e.g. 2)"),
+    FlagRule("`--context-length` > 131072",
+             "warning: also lower `--max-running-requests` (single digits) and `--cuda-graph-max-bs-decode`"),
+    FlagRule("request `n` > 1 under PD disaggregation", "HTTP 400 (sub-requests would share one bootstrap room and hang)"),
+    FlagRule("request `model` != served name", "HTTP 404 `model_not_found` up front (SGLang itself serves any name)"),
+)  # fmt: skip
+
+
+def flag_rules_markdown() -> str:
+    """ERNIE55_FLAG_RULES as the markdown table of docs/server-args.md."""
+    lines = ["| flag | what this project does |", "| --- | --- |"]
+    lines += [f"| {r.flag} | {r.behaviour} |" for r in ERNIE55_FLAG_RULES]
+    return "\n".join(lines)
