@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import torch
+
+import triton.language as tl
 
 from .layout import FP8_DTYPE, Geometry, KVLayout
 
@@ -62,3 +65,12 @@ def pool_views(pool: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Te
 def check(cond: bool, msg: str) -> None:
     if not cond:
         raise ValueError(msg)
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def dot_dtype():
+    """Dot operand dtype: bf16 on GPUs; fp32 under the CPU interpreter, whose bf16 dot is wrong."""
+    return tl.float32 if interpreting() else tl.bfloat16

@@ -85,7 +85,7 @@ def pool_gather(pool: torch.Tensor, g: Geometry, slots: torch.Tensor) -> torch.T
     N = slots.shape[0]
     if g.layout in (KVLayout.HCA_BF16, KVLayout.MLA_BF16, KVLayout.IDX_BF16):
         b = flat[_rows(pool, g, slots, 0, g.data_stride, g.bytes_per_token)]
-        return b.contiguous().view(torch.bfloat16).float().view(N, -1)
+        return b.contiguous().view(torch.bfloat16).float().view(N, g.bytes_per_token // 2)
     if g.layout is KVLayout.HCA_FP8:
         b = flat[_rows(pool, g, slots, 0, g.data_stride, g.data_stride)].contiguous()
         e = flat[_rows(pool, g, slots, g.scale_base, g.scale_stride, g.nope // g.tile)].to(torch.int32) - 127

@@ -1,0 +1,181 @@
+"""Sparse MQA attention over paged pools: the one kernel behind HCA attention (decode and extend)
+and MLA-DSA sparse attention (absorbed form), fp8 and bf16 pools.
+
+Formula, per query token t and head h (K = V, one shared KV head; keys gathered from the pools and
+dequantised exactly as `kernels_ref.pool_gather` does):
+
+    S_t  = { main_pool[main_idx[t, j]] : j < main_len[t], main_idx[t, j] != -1 }
+         U { extra_pool[extra_idx[t, j]] : j < extra_len[t], extra_idx[t, j] != -1 }
+    o[t, h] = sum_{k in S_t} exp(q[t,h].k * sm_scale) k[:d_v] / (sum_{k in S_t} exp(q[t,h].k * sm_scale) + exp(sink[h]))
+
+(no sink term when ``sink`` is None; an empty S_t gives 0). Reference: `kernels_ref.sparse_attention`
+= `functional.sink_attention` over the gathered keys.
+
+- HCA: main = window pool (slots of the raw window, <= 128 per query), extra = compressed pool
+  (slots of the visible compressed entries), sink = attn_sink, sm_scale = 512**-0.5, d_v = 512.
+  The output's rope slice still carries RoPE: apply `rope.inverse_rope_` (kernels/rope.py) after.
+- MLA-DSA (absorbed): q = [q_nope @ W_UK (512) | q_pe (64)], main = latent pool with the top-k
+  slots, no extra, no sink, sm_scale = (128 + 64)**-0.5, d_v = 512 (o_latent; apply W_UV after).
+
+The API is FlashMLA's sparse decode (indices = slots, -1 invalid, topk_length per query, extra
+cache + extra indices + extra length, attn_sink), so `flashmla_sparse_attention` below can sit behind
+the same call where FlashMLA's geometry fits (fp8 pools, D = 512 / 576, 64 or 128 heads).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+import triton
+
+from ._pool import check, check_pool, dot_dtype, pool_args, pool_views
+from ._triton.sparse_attn import sparse_attn_combine_kernel, sparse_attn_split_kernel
+from .layout import Geometry, KVLayout
+
+LN2 = math.log(2.0)
+
+
+@dataclasses.dataclass
+class Scope:
+    """One set of keys: a pool, its geometry, per-query slot lists and (optional) lengths.
+
+    pool:    uint8 [num_pages, geom.page_bytes], contiguous.
+    indices: int32 [T, K], row stride free, last dim contiguous; slot = page * page_size + offset; -1 = none.
+    lengths: int32 [T] or None (None: all K entries are read; -1 entries are skipped either way).
+    """
+
+    pool: torch.Tensor
+    geom: Geometry
+    indices: torch.Tensor
+    lengths: torch.Tensor | None = None
+
+
+def _check_scope(sc: Scope, T: int, name: str) -> None:
+    check_pool(sc.pool, sc.geom, f"{name}.pool")
+    idx = sc.indices
+    check(idx.dim() == 2 and idx.shape[0] == T, f"{name}.indices: expected [T={T}, K], got {tuple(idx.shape)}")
+    check(idx.dtype == torch.int32 and idx.stride(1) == 1, f"{name}.indices: int32 with contiguous last dim")
+    if sc.lengths is not None:
+        ln = sc.lengths
+        check(ln.shape == (T,) and ln.dtype == torch.int32, f"{name}.lengths: expected int32 [{T}], got {ln.dtype} {tuple(ln.shape)}")
+        check(ln.is_contiguous(), f"{name}.lengths: contiguous")
+
+
+def _num_sms(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 4
+
+
+def sparse_mqa_attention(
+    q: torch.Tensor, main: Scope, extra: Scope | None = None, *, sm_scale: float, d_v: int,
+    sink: torch.Tensor | None = None, out: torch.Tensor | None = None, num_splits: int | None = None,
+    block_h: int | None = None, block_n: int = 32, num_warps: int | None = None, num_stages: int = 1,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """Returns (out [T, h, d_v] bf16 (or ``out``'s dtype), lse [T, h] fp32, natural log, without the sink).
+
+    q:     [T, h, D] bf16, last dim contiguous; D = main.geom main + rope widths (HCA 512, MLA 576).
+    main:  Scope (see above); extra: optional Scope with the same layout kind (HCA compressed pool).
+    sink:  fp32 [h] raw logits (added as exp(sink) to the denominator) or None.
+    d_v:   512 (value = first d_v dims of the key; must equal the main width or main + rope).
+    out:   optional [T, h, d_v] tensor written in place (any float dtype; last dim contiguous).
+    num_splits / block_h / block_n / num_warps / num_stages: tuning; defaults pick a split count
+           that gives ~2 programs per SM.
+    """
+    a = pool_args(main.geom)
+    T, H, D = q.shape
+    check(q.dim() == 3 and D == a.main + a.tail, f"q: expected [T, h, {a.main + a.tail}], got {tuple(q.shape)}")
+    check(q.dtype == torch.bfloat16 and q.stride(2) == 1, f"q: bf16 with contiguous last dim, got {q.dtype}")
+    _check_scope(main, T, "main")
+    if extra is not None:
+        _check_scope(extra, T, "extra")
+        b = pool_args(extra.geom)
+        check((b.kind, b.main, b.nope, b.tile, b.tail, b.tail_off) == (a.kind, a.main, a.nope, a.tile, a.tail, a.tail_off),
+              f"extra: layout {extra.geom.layout.value}/{extra.geom.dim} must encode tokens like main's "
+              f"{main.geom.layout.value}/{main.geom.dim}")  # fmt: skip
+    check(d_v in (a.main, a.main + a.tail), f"d_v: must be {a.main} (or {a.main + a.tail}), got {d_v}")
+    v_tail = d_v == a.main + a.tail and a.tail > 0
+    if sink is not None:
+        check(sink.shape == (H,) and sink.dtype == torch.float32 and sink.is_contiguous(), f"sink: fp32 [{H}]")
+    if out is None:
+        out = torch.empty(T, H, d_v, dtype=torch.bfloat16, device=q.device)
+    check(out.shape == (T, H, d_v) and out.stride(2) == 1, f"out: expected [{T}, {H}, {d_v}] with contiguous last dim")
+    lse = torch.empty(T, H, dtype=torch.float32, device=q.device)
+    if T == 0:
+        return out, lse
+
+    bh = block_h or max(16, min(64, triton.next_power_of_2(H)))
+    n_hb = triton.cdiv(H, bh)
+    KA = main.indices.shape[1]
+    KB = extra.indices.shape[1] if extra is not None else 0
+    total = max(KA + KB, 1)
+    if num_splits is None:
+        want = max(1, triton.cdiv(2 * _num_sms(q.device), T * n_hb))
+        num_splits = min(want, triton.cdiv(total, block_n))
+    chunk = triton.cdiv(triton.cdiv(total, num_splits), block_n) * block_n
+    num_splits = triton.cdiv(total, chunk)
+    single = num_splits == 1
+    if single:
+        part = plse = lse
+    else:
+        part = torch.empty(T, num_splits, H, d_v, dtype=torch.float32, device=q.device)
+        plse = torch.empty(T, num_splits, H, dtype=torch.float32, device=q.device)
+
+    ua = pool_views(main.pool)
+    ex = extra if extra is not None else main
+    ub = pool_views(ex.pool)
+    gb = ex.geom
+    dummy_len = main.indices  # never read when HAS_L* is False
+    nw = num_warps or (8 if bh >= 64 else 4)
+    sparse_attn_split_kernel[(T, n_hb, num_splits)](
+        q, q.stride(0), q.stride(1), H, chunk,
+        main.indices, main.indices.stride(0), main.lengths if main.lengths is not None else dummy_len, KA,
+        *ua, a.page_size, a.page_bytes, a.data_stride, a.scale_base, a.scale_stride,
+        ex.indices, ex.indices.stride(0), ex.lengths if ex.lengths is not None else dummy_len, KB,
+        *ub, gb.page_size, gb.page_bytes, gb.data_stride, gb.scale_base, gb.scale_stride,
+        sink if sink is not None else lse, float(sm_scale),
+        out, out.stride(0), out.stride(1), lse, part, plse, num_splits,
+        KIND=a.kind, MAIN=a.main, NOPE=a.nope, TILE=a.tile, TAIL=a.tail, TAIL_OFF=a.tail_off, V_TAIL=v_tail,
+        HAS_B=extra is not None, HAS_LA=main.lengths is not None,
+        HAS_LB=extra is not None and extra.lengths is not None, HAS_SINK=sink is not None,
+        SINGLE=single, BH=bh, BN=block_n, DT=dot_dtype(), num_warps=nw, num_stages=num_stages,
+    )  # fmt: skip
+    if not single:
+        sparse_attn_combine_kernel[(T, H)](
+            part, plse, num_splits, H, sink if sink is not None else lse, out, out.stride(0), out.stride(1), lse,
+            DV=d_v, DV_P2=triton.next_power_of_2(d_v), HAS_SINK=sink is not None, num_warps=4,
+        )  # fmt: skip
+    return out, lse * LN2
+
+
+def flashmla_sparse_attention(
+    q: torch.Tensor, main: Scope, extra: Scope | None = None, *, sm_scale: float, d_v: int,
+    sink: torch.Tensor | None = None, sched_meta=None,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """The same call served by FlashMLA's sparse decode (sgl-flash-mla, legacy SM90 kernels).
+
+    Fits when both pools are HCA_FP8 (V4 layout, D = 512) or the main pool is MLA_FP8 (V3.2 layout,
+    D = 576), h in {64, 128} (pad heads first), d_v = 512. Returns (out [T, h, 512] bf16, lse [T, h]).
+    Top-k widths must be multiples of 64 for FlashMLA (pad with -1).
+    """
+    import flash_mla
+
+    L = main.geom.layout
+    check(L in (KVLayout.HCA_FP8, KVLayout.MLA_FP8), f"FlashMLA reads no {L.value} pool")
+    T, H, D = q.shape
+    check(H in (64, 128), f"FlashMLA needs 64 or 128 heads, got {H}")
+    kv_format = "V32" if L is KVLayout.MLA_FP8 else None
+    kc = main.geom.flashmla_view(main.pool)
+    args = dict(
+        q=q.view(T, 1, H, D), k_cache=kc, block_table=None, cache_seqlens=None, head_dim_v=d_v,
+        tile_scheduler_metadata=sched_meta if sched_meta is not None else flash_mla.get_mla_metadata()[0],
+        softmax_scale=sm_scale, is_fp8_kvcache=True, indices=main.indices.view(T, 1, -1),
+        topk_length=main.lengths, attn_sink=sink, use_legacy=True, kv_format=kv_format,
+    )  # fmt: skip
+    if extra is not None:
+        args.update(extra_k_cache=extra.geom.flashmla_view(extra.pool),
+                    extra_indices_in_kvcache=extra.indices.view(T, 1, -1), extra_topk_length=extra.lengths)  # fmt: skip
+    o, lse = flash_mla.flash_mla_with_kvcache(**args)
+    return o.view(T, H, d_v), lse.view(T, H)
