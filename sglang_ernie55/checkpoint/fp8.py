@@ -8,7 +8,7 @@ block uses the full e4m3 range; an all-zero block gets scale 1. Codes are round-
 W / scale (the division, not a multiplication by a reciprocal).
 
 Error bound of one element (3 mantissa bits; subnormal spacing 2^-9 below 2^-6):
-|W - deq(q(W))| <= max(|W| * 2^-4, scale * 2^-10).
+|W - deq(q(W))| <= max(|W| * 2^-4, scale * 2^-10) (up to the fp32 rounding of W / scale).
 """
 
 from __future__ import annotations
