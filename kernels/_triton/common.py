@@ -46,6 +46,15 @@ def round_e4m3(x):
 
 
 @triton.jit
+def round_bf16(x):
+    """x (fp32, finite) rounded to bf16 nearest-even in integer arithmetic; the cast that follows is
+    then exact (the CPU interpreter's own bf16 cast truncates)."""
+    b = x.to(tl.uint32, bitcast=True)
+    b = (b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000
+    return b.to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def token_rows(slots, page_size, page_bytes, data_stride, scale_base, scale_stride):
     """Byte offsets (int64) of each slot's data row and scale row."""
     s = slots.to(tl.int64)
@@ -98,3 +107,34 @@ def load_tail(bf_ptr, row, valid, TAIL_OFF: tl.constexpr, TAIL: tl.constexpr):
     return tl.load(bf_ptr + (row[:, None] + TAIL_OFF + 2 * d[None, :]) // 2, mask=valid[:, None], other=0.0).to(
         tl.float32
     )
+
+
+@triton.jit
+def encode_store(
+    x, row, srow, u8_ptr, f8_ptr, bf_ptr, f32_ptr,
+    KIND: tl.constexpr, MAIN: tl.constexpr, NOPE: tl.constexpr, TILE: tl.constexpr, SCALE_BYTES: tl.constexpr,
+):  # fmt: skip
+    """Store one token's main segment x [MAIN] fp32 at data row ``row`` / scale row ``srow`` (bytes):
+    bf16 (KIND 0), or fp8 dims < NOPE with power-of-two tile scales (ue8m0 bytes for KIND 1, fp32
+    for KIND 2) and bf16 dims >= NOPE at ``row + NOPE + 2 * (d - NOPE)``."""
+    d = tl.arange(0, MAIN)
+    if KIND == 0:
+        tl.store(bf_ptr + (row + 2 * d) // 2, round_bf16(x).to(tl.bfloat16))
+    else:
+        NT: tl.constexpr = MAIN // TILE
+        NQT: tl.constexpr = NOPE // TILE
+        t = tl.arange(0, NT)
+        is_q = d < NOPE
+        x3 = tl.reshape(x, (NT, TILE))
+        amax = tl.maximum(tl.max(tl.abs(x3), axis=1), 1e-8)
+        e = pow2_exponent(amax)
+        q = tl.reshape(x3 * pow2_float(-e)[:, None], (MAIN,))
+        q = round_e4m3(tl.minimum(tl.maximum(q, -448.0), 448.0))
+        tl.store(f8_ptr + row + d, q.to(f8_ptr.dtype.element_ty), mask=is_q)
+        if NOPE < MAIN:
+            tl.store(bf_ptr + (row + NOPE + 2 * (d - NOPE)) // 2, round_bf16(x).to(tl.bfloat16), mask=d >= NOPE)
+        if KIND == 1:
+            sb = tl.where(t < NQT, e + 127, 0).to(tl.uint8)
+            tl.store(u8_ptr + srow + t, sb, mask=t < SCALE_BYTES)
+        else:
+            tl.store(f32_ptr + (srow + 4 * t) // 4, pow2_float(e), mask=t < NQT)

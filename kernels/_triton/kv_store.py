@@ -5,7 +5,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .common import pow2_exponent, pow2_float, round_e4m3, token_rows
+from .common import encode_store, token_rows
 
 
 @triton.jit
@@ -21,30 +21,8 @@ def kv_store_kernel(
         return
     row, srow = token_rows(slot, page_size, page_bytes, data_stride, scale_base, scale_stride)
     xrow = x_ptr + i.to(tl.int64) * x_stride
-    d = tl.arange(0, MAIN)
-    x = tl.load(xrow + d).to(tl.float32)
-    if KIND == 0:
-        tl.store(bf_ptr + (row + 2 * d) // 2, x.to(tl.bfloat16))
-    else:
-        NT: tl.constexpr = MAIN // TILE
-        NQT: tl.constexpr = NOPE // TILE
-        t = tl.arange(0, NT)
-        is_q = d < NOPE
-        x3 = tl.reshape(x, (NT, TILE))
-        amax = tl.max(tl.abs(x3), axis=1)
-        amax = tl.maximum(amax, 1e-8)
-        e = pow2_exponent(amax)
-        inv = pow2_float(-e)
-        q = tl.reshape(x3 * inv[:, None], (MAIN,))
-        q = round_e4m3(tl.minimum(tl.maximum(q, -448.0), 448.0))
-        tl.store(f8_ptr + row + d, q.to(f8_ptr.dtype.element_ty), mask=is_q)
-        if NOPE < MAIN:
-            tl.store(bf_ptr + (row + NOPE + 2 * (d - NOPE)) // 2, x.to(tl.bfloat16), mask=d >= NOPE)
-        if KIND == 1:
-            sb = tl.where(t < NQT, e + 127, 0).to(tl.uint8)
-            tl.store(u8_ptr + srow + t, sb, mask=t < SCALE_BYTES)
-        else:
-            tl.store(f32_ptr + (srow + 4 * t) // 4, pow2_float(e), mask=t < NQT)
+    x = tl.load(xrow + tl.arange(0, MAIN)).to(tl.float32)
+    encode_store(x, row, srow, u8_ptr, f8_ptr, bf_ptr, f32_ptr, KIND, MAIN, NOPE, TILE, SCALE_BYTES)
     if TAIL > 0:
         dt = tl.arange(0, TAIL)
         xt = tl.load(xrow + MAIN + dt)

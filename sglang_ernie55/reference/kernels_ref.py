@@ -142,3 +142,25 @@ def indexer_logits_paged(
         slots = page_table[int(q_req[t])][s // g.page_size].long() * g.page_size + s % g.page_size
         out.append(F.indexer_scores(qI[t : t + 1], w[t : t + 1], pool_gather(pool, g, slots))[0])
     return out
+
+
+# ----------------------------------------------------------------------------- HCA compression over a batch
+
+
+def hca_compress_jobs(
+    kvs: torch.Tensor, state: torch.Tensor, ape: torch.Tensor, norm_w: torch.Tensor, eps: float,
+    inv_freq: torch.Tensor, rope_dim: int, job_req_slot, job_block, job_ext_start, job_tok_start,
+) -> torch.Tensor:  # fmt: skip
+    """Compressed entries [J, D] fp32 (functional.hca_compress_block) of the jobs of
+    kernels/hca_compress.py: row t of block j is kvs[tok_start + 128j + t - ext_start] when that
+    position >= ext_start, else state[req_slot, t]."""
+    ratio, D = ape.shape
+    out = []
+    for s, j, e, t0 in zip(job_req_slot.tolist(), job_block.tolist(), job_ext_start.tolist(), job_tok_start.tolist()):
+        rows = []
+        for t in range(ratio):
+            p = ratio * j + t
+            rows.append(kvs[t0 + p - e] if p >= e else state[s, t])
+        blk = torch.stack(rows).float()
+        out.append(F.hca_compress_block(blk[:, :D], blk[:, D:], ape, norm_w, eps, j, inv_freq, rope_dim))
+    return torch.stack(out) if out else kvs.new_zeros(0, D)

@@ -1,0 +1,97 @@
+"""Triton bodies of kernels/hca_compress.py (HCA block compression into the compressed pool, and the
+open-block state update)."""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .common import encode_store, token_rows
+
+
+@triton.jit
+def hca_compress_kernel(
+    kvs_ptr, kvs_stride, state_ptr, state_stride_r, state_stride_t, ape_ptr, w_ptr, cos_ptr, sin_ptr, cs_stride,
+    job_slot_ptr, job_block_ptr, job_start_ptr, job_tok_ptr, job_out_ptr, eps,
+    u8_ptr, f8_ptr, bf_ptr, f32_ptr, page_size, page_bytes, data_stride, scale_base, scale_stride,
+    D: tl.constexpr, ROPE: tl.constexpr, RATIO: tl.constexpr, RB: tl.constexpr,
+    KIND: tl.constexpr, NOPE: tl.constexpr, TILE: tl.constexpr, SCALE_BYTES: tl.constexpr,
+):  # fmt: skip
+    """One program per job (one complete block). Channels are handled as even / odd halves so the
+    interleaved RoPE pairs (2i, 2i+1) sit in the same lane."""
+    jb = tl.program_id(0)
+    out_slot = tl.load(job_out_ptr + jb).to(tl.int64)
+    if out_slot < 0:
+        return
+    rslot = tl.load(job_slot_ptr + jb).to(tl.int64)
+    blk = tl.load(job_block_ptr + jb).to(tl.int64)
+    ext_start = tl.load(job_start_ptr + jb).to(tl.int64)
+    tok0 = tl.load(job_tok_ptr + jb).to(tl.int64)
+    HALF: tl.constexpr = D // 2
+    i = tl.arange(0, HALF)
+    ce = 2 * i
+    m_e = tl.full([HALF], float("-inf"), tl.float32)
+    m_o = tl.full([HALF], float("-inf"), tl.float32)
+    l_e = tl.zeros([HALF], tl.float32)
+    l_o = tl.zeros([HALF], tl.float32)
+    a_e = tl.zeros([HALF], tl.float32)
+    a_o = tl.zeros([HALF], tl.float32)
+    for r0 in range(0, RATIO, RB):
+        r = r0 + tl.arange(0, RB)
+        pos = blk * RATIO + r
+        new = pos >= ext_start
+        nrow = kvs_ptr + (tok0 + pos - ext_start)[:, None] * kvs_stride
+        srow = state_ptr + rslot * state_stride_r + r[:, None].to(tl.int64) * state_stride_t
+        mn = new[:, None]
+        ms = (~new)[:, None]
+        c_e = tl.load(nrow + ce[None, :], mask=mn, other=0.0) + tl.load(srow + ce[None, :], mask=ms, other=0.0)
+        c_o = tl.load(nrow + ce[None, :] + 1, mask=mn, other=0.0) + tl.load(srow + ce[None, :] + 1, mask=ms, other=0.0)
+        s_e = tl.load(nrow + D + ce[None, :], mask=mn, other=0.0) + tl.load(srow + D + ce[None, :], mask=ms, other=0.0)
+        s_o = tl.load(nrow + D + ce[None, :] + 1, mask=mn, other=0.0) + tl.load(srow + D + ce[None, :] + 1, mask=ms,
+                                                                                 other=0.0)  # fmt: skip
+        s_e += tl.load(ape_ptr + r[:, None] * D + ce[None, :])
+        s_o += tl.load(ape_ptr + r[:, None] * D + ce[None, :] + 1)
+        nm_e = tl.maximum(m_e, tl.max(s_e, 0))
+        nm_o = tl.maximum(m_o, tl.max(s_o, 0))
+        p_e = tl.exp(s_e - nm_e[None, :])
+        p_o = tl.exp(s_o - nm_o[None, :])
+        al_e = tl.exp(m_e - nm_e)
+        al_o = tl.exp(m_o - nm_o)
+        l_e = l_e * al_e + tl.sum(p_e, 0)
+        l_o = l_o * al_o + tl.sum(p_o, 0)
+        a_e = a_e * al_e + tl.sum(p_e * c_e, 0)
+        a_o = a_o * al_o + tl.sum(p_o * c_o, 0)
+        m_e = nm_e
+        m_o = nm_o
+    y_e = a_e / l_e
+    y_o = a_o / l_o
+    rms = tl.rsqrt((tl.sum(y_e * y_e, 0) + tl.sum(y_o * y_o, 0)) / D + eps)
+    y_e = y_e * rms * tl.load(w_ptr + ce)
+    y_o = y_o * rms * tl.load(w_ptr + ce + 1)
+    R0: tl.constexpr = (D - ROPE) // 2
+    is_r = i >= R0
+    k = tl.where(is_r, i - R0, 0)
+    cpos = blk * RATIO
+    cs = tl.load(cos_ptr + cpos * cs_stride + k, mask=is_r, other=1.0)
+    sn = tl.load(sin_ptr + cpos * cs_stride + k, mask=is_r, other=0.0)
+    z_e = y_e * cs - y_o * sn
+    z_o = y_e * sn + y_o * cs
+    x = tl.reshape(tl.join(z_e, z_o), (D,))
+    row, srow2 = token_rows(out_slot, page_size, page_bytes, data_stride, scale_base, scale_stride)
+    encode_store(x, row, srow2, u8_ptr, f8_ptr, bf_ptr, f32_ptr, KIND, D, NOPE, TILE, SCALE_BYTES)
+
+
+@triton.jit
+def hca_state_update_kernel(
+    kvs_ptr, kvs_stride, state_ptr, state_stride_r, state_stride_t, pos_ptr, slot_ptr, seqlen_ptr,
+    W: tl.constexpr, RATIO: tl.constexpr,
+):  # fmt: skip
+    i = tl.program_id(0).to(tl.int64)
+    p = tl.load(pos_ptr + i).to(tl.int64)
+    L = tl.load(seqlen_ptr + i).to(tl.int64)
+    rs = tl.load(slot_ptr + i).to(tl.int64)
+    if (p < (L // RATIO) * RATIO) | (rs < 0):
+        return
+    c = tl.arange(0, W)
+    v = tl.load(kvs_ptr + i * kvs_stride + c)
+    tl.store(state_ptr + rs * state_stride_r + (p % RATIO) * state_stride_t + c, v)

@@ -1,0 +1,111 @@
+"""HCA compression: complete 128-token blocks -> one compressed entry each, written straight into the
+compressed pool; and the update of the open-block state (decode and chunked prefill).
+
+Formula (functional.hca_compress_block): for block j of a request, with rows t = 0..127 of
+[c_t | s_t] = wkv_gate(x_{128j+t}) (fp32),
+    cmp_j = RoPE_interleaved( RMSNorm( sum_t softmax_t(s_t + ape_t) * c_t ; norm_w, eps ), position 128 j )
+(softmax per channel over the 128 rows) and stored at the job's compressed slot in the pool's layout
+(kv_store's encoding). Row t comes from the batch (``kvs``) when position 128j+t >= the request's
+first new position, else from the request's state row t.
+
+Order per layer and batch: ``hca_compress_store`` (reads state rows of the blocks that complete),
+then ``hca_state_update`` (writes the rows of the block still open at the end of the batch).
+Reference: `kernels_ref.hca_compress_paged` (composes functional.hca_compress_block + pool_store).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._pool import check, check_pool, pool_args, pool_views
+from ._triton.hca_compress import hca_compress_kernel, hca_state_update_kernel
+from .layout import HCA_COMPRESS_RATIO, Geometry, KVLayout
+
+
+def hca_compress_store(
+    pool: torch.Tensor, g: Geometry, kvs: torch.Tensor, state: torch.Tensor, ape: torch.Tensor,
+    norm_w: torch.Tensor, eps: float, cos: torch.Tensor, sin: torch.Tensor,
+    job_req_slot: torch.Tensor, job_block: torch.Tensor, job_ext_start: torch.Tensor,
+    job_tok_start: torch.Tensor, job_out_slot: torch.Tensor,
+) -> None:  # fmt: skip
+    """Compress J blocks (one program each; a job with out_slot -1 is skipped, so J may be padded).
+
+    pool:   compressed pool, uint8 [pages, g.page_bytes]; g = hca_geometry(dtype, page_size=2).
+    kvs:    fp32 [N, 2D] wkv_gate output of the batch's new tokens ([values | scores]), flat over requests.
+    state:  fp32 [req_slots, 128, 2D] (layout.hca_state_alloc), last dim contiguous.
+    ape:    fp32 [128, D] contiguous; norm_w fp32 [D]; cos, sin fp32 [max_pos, rope/2] (rope.cos_sin
+            of arange(max_pos)), row-contiguous, covering position 128 * block.
+    job_*:  int32/int64 [J]: request state slot, block index j, the request's first new position
+            (prefix length), the flat kvs row of that position, and the compressed slot to write
+            (-1: no job). Rows 128j..128j+127 with position >= ext_start must be in kvs at
+            tok_start + position - ext_start.
+    """
+    a = pool_args(g)
+    check(g.layout in (KVLayout.HCA_FP8, KVLayout.HCA_BF16), f"pool: an HCA layout, got {g.layout.value}")
+    check_pool(pool, g, "hca_compress_store.pool")
+    D, R = g.dim, HCA_COMPRESS_RATIO
+    check(kvs.dim() == 2 and kvs.shape[1] == 2 * D and kvs.dtype == torch.float32 and kvs.stride(1) == 1,
+          f"kvs: fp32 [N, {2 * D}] with contiguous last dim, got {kvs.dtype} {tuple(kvs.shape)}")  # fmt: skip
+    check(state.dim() == 3 and state.shape[1:] == (R, 2 * D) and state.dtype == torch.float32 and state.stride(2) == 1,
+          f"state: fp32 [slots, {R}, {2 * D}], got {state.dtype} {tuple(state.shape)}")  # fmt: skip
+    check(ape.shape == (R, D) and ape.dtype == torch.float32 and ape.is_contiguous(), f"ape: fp32 [{R}, {D}] contiguous")
+    check(norm_w.shape == (D,) and norm_w.dtype == torch.float32 and norm_w.is_contiguous(), f"norm_w: fp32 [{D}]")
+    half = g.rope // 2
+    for n, t in (("cos", cos), ("sin", sin)):
+        check(t.dim() == 2 and t.shape[1] == half and t.dtype == torch.float32 and t.stride(1) == 1,
+              f"{n}: fp32 [max_pos, {half}], got {t.dtype} {tuple(t.shape)}")  # fmt: skip
+    check(cos.stride(0) == sin.stride(0), "cos and sin: same row stride")
+    J = job_out_slot.shape[0]
+    for n, t in (("job_req_slot", job_req_slot), ("job_block", job_block), ("job_ext_start", job_ext_start),
+                 ("job_tok_start", job_tok_start), ("job_out_slot", job_out_slot)):  # fmt: skip
+        check(t.shape == (J,) and t.dtype in (torch.int32, torch.int64) and t.is_contiguous(), f"{n}: int [{J}]")
+    if J == 0:
+        return
+    hca_compress_kernel[(J,)](
+        kvs, kvs.stride(0), state, state.stride(0), state.stride(1), ape, norm_w, cos, sin, cos.stride(0),
+        job_req_slot, job_block, job_ext_start, job_tok_start, job_out_slot, float(eps),
+        *pool_views(pool), a.page_size, a.page_bytes, a.data_stride, a.scale_base, a.scale_stride,
+        D=D, ROPE=g.rope, RATIO=R, RB=16, KIND=a.kind, NOPE=a.nope, TILE=a.tile,
+        SCALE_BYTES=g.scale_stride if a.kind == 1 else 0, num_warps=4,
+    )  # fmt: skip
+
+
+def hca_state_update(
+    state: torch.Tensor, kvs: torch.Tensor, positions: torch.Tensor, req_slot: torch.Tensor, seq_lens: torch.Tensor
+) -> None:
+    """state[req_slot[i], positions[i] % 128] = kvs[i] for each new token i whose block is still open
+    at the end of the batch (positions[i] >= 128 * (seq_lens[i] // 128)); req_slot -1 skips.
+
+    state fp32 [slots, 128, 2D]; kvs fp32 [N, 2D]; positions, req_slot, seq_lens int [N] (per token:
+    its position, its request's state slot, its request's sequence length after this batch)."""
+    N = kvs.shape[0]
+    check(state.dim() == 3 and state.shape[1] == HCA_COMPRESS_RATIO and state.stride(2) == 1, "state: [slots, 128, 2D]")
+    check(kvs.shape == (N, state.shape[2]) and kvs.dtype == state.dtype == torch.float32 and kvs.stride(1) == 1,
+          f"kvs: fp32 [N, {state.shape[2]}]")  # fmt: skip
+    for n, t in (("positions", positions), ("req_slot", req_slot), ("seq_lens", seq_lens)):
+        check(t.shape == (N,) and t.dtype in (torch.int32, torch.int64) and t.is_contiguous(), f"{n}: int [{N}]")
+    W = state.shape[2]
+    check(W & (W - 1) == 0, f"state row width {W} must be a power of two")
+    if N == 0:
+        return
+    hca_state_update_kernel[(N,)](
+        kvs, kvs.stride(0), state, state.stride(0), state.stride(1), positions, req_slot, seq_lens,
+        W=W, RATIO=HCA_COMPRESS_RATIO, num_warps=4,
+    )  # fmt: skip
+
+
+def plan_compress_jobs(
+    prefix_lens: list[int], seq_lens: list[int], req_slots: list[int], cmp_slot, device=None
+) -> tuple[torch.Tensor, ...]:
+    """Host-side job list for a batch (extend or decode): every block j with 128(j+1) in
+    (prefix_len, seq_len]. ``cmp_slot(request index, j)`` gives the compressed slot.
+    Returns (job_req_slot, job_block, job_ext_start, job_tok_start, job_out_slot) int32 tensors."""
+    rows = []
+    tok = 0
+    for r, (p, L, s) in enumerate(zip(prefix_lens, seq_lens, req_slots)):
+        for j in range(p // HCA_COMPRESS_RATIO, L // HCA_COMPRESS_RATIO):
+            if HCA_COMPRESS_RATIO * (j + 1) > p:
+                rows.append((s, j, p, tok, cmp_slot(r, j)))
+        tok += L - p
+    t = torch.tensor(rows, dtype=torch.int32, device=device).view(-1, 5)
+    return tuple(t[:, k].contiguous() for k in range(5))
