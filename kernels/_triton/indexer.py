@@ -1,0 +1,40 @@
+"""Triton body of kernels/indexer.py: lightning-indexer logits over the paged indexer-key pool."""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .common import load_main, token_rows
+
+
+@triton.jit
+def indexer_logits_kernel(
+    q_ptr, q_stride_t, q_stride_h, w_ptr, w_stride_t, pt_ptr, pt_stride, req_ptr, pos_ptr,
+    out_ptr, out_stride, max_len, keys_per_prog, NI,
+    u8_ptr, f8_ptr, bf_ptr, f32_ptr, page_size, page_bytes, data_stride, scale_base, scale_stride,
+    KIND: tl.constexpr, DI: tl.constexpr, BNI: tl.constexpr, BN: tl.constexpr, DT: tl.constexpr,
+):  # fmt: skip
+    t = tl.program_id(0).to(tl.int64)
+    sp = tl.program_id(1)
+    h = tl.arange(0, BNI)
+    hm = h < NI
+    d = tl.arange(0, DI)
+    q = tl.load(q_ptr + t * q_stride_t + h[:, None] * q_stride_h + d[None, :], mask=hm[:, None], other=0.0).to(DT)
+    w = tl.load(w_ptr + t * w_stride_t + h, mask=hm, other=0.0)
+    req = tl.load(req_ptr + t).to(tl.int64)
+    pos = tl.load(pos_ptr + t).to(tl.int64)
+    lo = sp * keys_per_prog
+    for n0 in range(lo, lo + keys_per_prog, BN):
+        s = n0 + tl.arange(0, BN)
+        inb = s < max_len
+        valid = inb & (s <= pos)
+        page = tl.load(pt_ptr + req * pt_stride + s // page_size, mask=valid, other=0).to(tl.int64)
+        slots = page * page_size + s % page_size
+        row, srow = token_rows(slots, page_size, page_bytes, data_stride, scale_base, scale_stride)
+        k = load_main(u8_ptr, f8_ptr, bf_ptr, f32_ptr, row, srow, valid, KIND, DI, DI, DI, BN).to(DT)
+        sc = tl.dot(q, tl.trans(k))
+        sc = tl.maximum(sc, 0.0) * w[:, None]
+        logit = tl.sum(sc, 0)
+        logit = tl.where(valid, logit, float("-inf"))
+        tl.store(out_ptr + t * out_stride + s, logit, mask=inb)

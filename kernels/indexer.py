@@ -1,0 +1,96 @@
+"""MLA-DSA lightning indexer: logits over the paged indexer-key pool, then the causal top-k.
+
+Formula (functional.indexer_scores / indexer_topk): for query t of request r at position p_t,
+    I(t, s) = sum_h w[t, h] * ReLU(qI[t, h] . kI[s]),  s = 0 .. p_t  (kI[s] read through r's page table)
+    sel(t)  = the index_topk positions s <= p_t with the largest I(t, s), ties to the earlier s;
+              all of them when p_t + 1 <= index_topk.
+Reference: `kernels_ref.indexer_logits_paged` + `functional.indexer_topk`.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+
+from ._pool import check, check_pool, dot_dtype, pool_args, pool_views
+from ._triton.indexer import indexer_logits_kernel
+from .layout import Geometry, KVLayout
+
+
+def indexer_logits(
+    qI: torch.Tensor, w: torch.Tensor, pool: torch.Tensor, g: Geometry, page_table: torch.Tensor,
+    q_req: torch.Tensor, q_pos: torch.Tensor, max_len: int, out: torch.Tensor | None = None,
+    keys_per_prog: int = 1024, block_n: int = 64,
+) -> torch.Tensor:  # fmt: skip
+    """Returns logits fp32 [T, max_len]: I(t, s) for s <= q_pos[t], -inf for s > q_pos[t].
+
+    qI:         bf16 [T, nI, dI] (dI = g.dim = 128; RoPE already applied), last dim contiguous.
+    w:          fp32 [T, nI] (weights_proj output times nI^-0.5 * dI^-0.5).
+    pool:       indexer key pool, uint8 [pages, g.page_bytes] (IDX_FP8 or IDX_BF16).
+    page_table: int32 [B, max_pages]: page of position s of request b is page_table[b, s // page_size].
+    q_req:      int32 [T] request row of each query; q_pos: int32 [T] query position (keys s <= q_pos).
+    max_len:    >= max(q_pos) + 1 (host int: the logits width).
+    """
+    check(g.layout in (KVLayout.IDX_FP8, KVLayout.IDX_BF16), f"pool: an indexer layout, got {g.layout.value}")
+    check_pool(pool, g, "indexer_logits.pool")
+    a = pool_args(g)
+    T, NI, DI = qI.shape
+    check(qI.dim() == 3 and DI == g.dim and qI.dtype == torch.bfloat16 and qI.stride(2) == 1,
+          f"qI: bf16 [T, nI, {g.dim}], got {qI.dtype} {tuple(qI.shape)}")  # fmt: skip
+    check(w.shape == (T, NI) and w.dtype == torch.float32 and w.stride(1) == 1, f"w: fp32 [{T}, {NI}]")
+    check(page_table.dim() == 2 and page_table.dtype == torch.int32 and page_table.stride(1) == 1,
+          "page_table: int32 [B, max_pages]")  # fmt: skip
+    check(page_table.shape[1] * g.page_size >= max_len, f"page_table: {page_table.shape[1]} pages < max_len {max_len}")
+    for n, x in (("q_req", q_req), ("q_pos", q_pos)):
+        check(x.shape == (T,) and x.dtype == torch.int32 and x.is_contiguous(), f"{n}: int32 [{T}]")
+    if out is None:
+        out = torch.empty(T, max_len, dtype=torch.float32, device=qI.device)
+    check(out.shape == (T, max_len) and out.dtype == torch.float32 and out.stride(1) == 1, "out: fp32 [T, max_len]")
+    if T == 0 or max_len == 0:
+        return out
+    keys_per_prog = triton.cdiv(min(keys_per_prog, max_len), block_n) * block_n
+    grid = (T, triton.cdiv(max_len, keys_per_prog))
+    indexer_logits_kernel[grid](
+        qI, qI.stride(0), qI.stride(1), w, w.stride(0), page_table, page_table.stride(0), q_req, q_pos,
+        out, out.stride(0), max_len, keys_per_prog, NI,
+        *pool_views(pool), a.page_size, a.page_bytes, a.data_stride, a.scale_base, a.scale_stride,
+        KIND=a.kind, DI=DI, BNI=max(16, triton.next_power_of_2(NI)), BN=block_n, DT=dot_dtype(), num_warps=4,
+    )  # fmt: skip
+    return out
+
+
+def _ordered_key(logits: torch.Tensor) -> torch.Tensor:
+    """int64 key, larger = better: (order-preserving int of the fp32 logit) << 32 | (2**32 - 1 - s)."""
+    b = logits.contiguous().view(torch.int32).to(torch.int64)
+    u = torch.where(b < 0, (~b) & 0xFFFFFFFF, b | 0x80000000)  # monotone uint32 of the float
+    s = torch.arange(logits.shape[1], device=logits.device, dtype=torch.int64)
+    return ((u - 0x80000000) << 32) | (0xFFFFFFFF - s)
+
+
+def indexer_topk(
+    logits: torch.Tensor, q_pos: torch.Tensor, topk: int, page_table: torch.Tensor | None = None,
+    q_req: torch.Tensor | None = None, page_size: int = 256,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k positions per query (exact: ties to the earlier position) and their count.
+
+    logits fp32 [T, S] from indexer_logits. Returns (idx int32 [T, topk], lengths int32 [T]) where
+    lengths = min(q_pos + 1, topk) and idx[t, :lengths[t]] are the selected positions (or, with
+    page_table / q_req, their cache slots page_table[q_req, s // page_size] * page_size + s % page_size),
+    -1 after them: the `indices` / `topk_length` of sparse_mqa_attention and FlashMLA.
+    """
+    T, S = logits.shape
+    check(logits.dtype == torch.float32, "logits: fp32")
+    check(q_pos.shape == (T,), f"q_pos: [{T}]")
+    lengths = torch.clamp(q_pos.to(torch.int64) + 1, max=min(topk, S))
+    k = min(topk, S)
+    key = _ordered_key(logits)
+    top = torch.topk(key, k, dim=1, sorted=True).indices if T else key[:, :k]
+    valid = torch.arange(k, device=logits.device)[None, :] < lengths[:, None]
+    pos = torch.where(valid, top, -1)
+    if page_table is not None:
+        assert q_req is not None
+        pg = page_table[q_req.long()[:, None], pos.clamp_min(0) // page_size].to(torch.int64)
+        pos = torch.where(valid, pg * page_size + pos.clamp_min(0) % page_size, -1)
+    if k < topk:
+        pos = torch.cat([pos, pos.new_full((T, topk - k), -1)], 1)
+    return pos.to(torch.int32), lengths.to(torch.int32)
