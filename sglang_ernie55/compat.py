@@ -22,6 +22,34 @@ class SGLangVersionError(RuntimeError):
 REQUIRED_SYMBOLS: list[tuple[str, str, tuple[str, ...] | None]] = [
     ("sglang.srt.models.registry", "ModelRegistry.register", ("package_name", "overwrite", "strict")),
     ("sglang.srt.utils.hf_transformers.common", "_CONFIG_REGISTRY", None),
+    # server arguments (sglang_ernie55/args; docs/server-args.md)
+    ("sglang.srt.server_args", "prepare_server_args", ("argv",)),
+    ("sglang.srt.server_args", "ServerArgs.resolve_once", ()),
+    ("sglang.srt.arg_groups.choices", "ATTENTION_BACKEND_CHOICES", None),
+    ("sglang.srt.arg_groups.choices", "DRAFT_ATTENTION_BACKEND_CHOICES", None),
+    ("sglang.srt.arg_groups.choices", "add_attention_backend_choices", None),
+    ("sglang.srt.arg_groups.choices", "add_draft_attention_backend_choices", None),
+    ("sglang.srt.arg_groups.model_override_base", "register_model_override", ("architecture",)),
+    ("sglang.srt.arg_groups.model_override_base", "_MODEL_OVERRIDE_FNS", None),
+    ("sglang.srt.arg_groups.model_override_base", "model_config_of", ("server_args",)),
+    ("sglang.srt.arg_groups.model_override_base", "resolving_view", ("server_args",)),
+    ("sglang.srt.arg_groups.model_override_base", "resolved_view", ("server_args",)),
+    ("sglang.srt.arg_groups.overrides", "declare_resolution", ("server_args", "source")),
+    ("sglang.srt.arg_groups.resolution_hooks", "register_resolution_hook", ("name",)),
+    ("sglang.srt.arg_groups.resolution_hooks", "_OVERRIDABLE_HOOKS", None),
+    ("sglang.srt.arg_groups.model_hook", "handle_model_specific_adjustments", ("server_args",)),
+    ("sglang.srt.arg_groups.parallel_hook", "handle_data_parallelism", ("server_args",)),
+    ("sglang.srt.arg_groups.parallel_hook", "handle_context_parallelism", ("server_args",)),
+    ("sglang.srt.arg_groups.moe_hook", "handle_a2a_moe", ("server_args",)),
+    ("sglang.srt.arg_groups.speculative_hook", "handle_speculative_decoding", ("server_args",)),
+    ("sglang.srt.plugins.hook_registry", "HookRegistry.register", ("target", "hook", "hook_type")),
+    ("sglang.srt.entrypoints.openai.serving_base", "OpenAIServingBase._parse_model_parameter", ("model",)),
+    (
+        "sglang.srt.entrypoints.openai.serving_completions",
+        "OpenAIServingCompletion._validate_request",
+        ("request",),
+    ),
+    ("sglang.srt.entrypoints.openai.serving_chat", "OpenAIServingChat._validate_request", ("request",)),
 ]
 
 

@@ -18,7 +18,13 @@ from .api import resolve_server_args
 from .errors import Ernie55ArgumentError
 from .rules import ERNIE55_FLAG_RULES, flag_rules_markdown
 
-__all__ = ["ERNIE55_FLAG_RULES", "Ernie55ArgumentError", "flag_rules_markdown", "register", "resolve_server_args"]
+__all__ = [
+    "ERNIE55_FLAG_RULES",
+    "Ernie55ArgumentError",
+    "flag_rules_markdown",
+    "register",
+    "resolve_server_args",
+]
 
 _registered = False
 
@@ -28,14 +34,17 @@ def register() -> None:
     global _registered
     if _registered:
         return
-    from sglang.srt.arg_groups.choices import add_attention_backend_choices, add_draft_attention_backend_choices
+    # Make `ernie55` a legal choice (the choice lists are shared with argparse by reference). The
+    # backend factory itself is registered by sglang_ernie55.attention, not here.
+    from sglang.srt.arg_groups.choices import (
+        ATTENTION_BACKEND_CHOICES,
+        DRAFT_ATTENTION_BACKEND_CHOICES,
+        add_attention_backend_choices,
+        add_draft_attention_backend_choices,
+    )
 
     from . import overrides, requests, resolution
     from .rules import ATTENTION_BACKEND
-
-    # Make `ernie55` a legal choice (the choice lists are shared with argparse by reference). The
-    # backend factory itself is registered by sglang_ernie55.attention, not here.
-    from sglang.srt.arg_groups.choices import ATTENTION_BACKEND_CHOICES, DRAFT_ATTENTION_BACKEND_CHOICES
 
     if ATTENTION_BACKEND not in ATTENTION_BACKEND_CHOICES:
         add_attention_backend_choices([ATTENTION_BACKEND])

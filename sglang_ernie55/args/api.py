@@ -17,7 +17,11 @@ if TYPE_CHECKING:
     from sglang.srt.server_args import ServerArgs
 
 # Leading words of a shell command that are not flags: `sglang serve ...`, `python -m sglang.launch_server ...`.
-_COMMAND_PREFIXES = (("sglang", "serve"), ("python", "-m", "sglang.launch_server"), ("python3", "-m", "sglang.launch_server"))
+_COMMAND_PREFIXES = (
+    ("sglang", "serve"),
+    ("python", "-m", "sglang.launch_server"),
+    ("python3", "-m", "sglang.launch_server"),
+)
 
 
 def _strip_command(argv: Sequence[str]) -> list[str]:

@@ -67,16 +67,18 @@ def model_name_error(handler: Any, request: Any) -> str | None:
 
 
 def validate_request_hook(original, self, request, *args, **kwargs):
-    """AROUND hook on `<OpenAI handler>._validate_request`: SGLang's checks, then ERNIE-5.5's."""
-    error = original(self, request, *args, **kwargs)
-    if error or not _is_ernie(self.tokenizer_manager):
-        return error
-    message = model_name_error(self, request)
-    if message:
-        from fastapi import HTTPException
+    """AROUND hook on `<OpenAI handler>._validate_request`: for ERNIE-5.5 servers the served-name and PD
+    checks first (they do not depend on the request's content), then SGLang's own validation."""
+    if _is_ernie(self.tokenizer_manager):
+        message = model_name_error(self, request)
+        if message:
+            from fastapi import HTTPException
 
-        raise HTTPException(status_code=404, detail=message)  # handle_request answers it as a 404
-    return pd_parallel_sampling_error(getattr(request, "n", 1), _pd_mode(self.tokenizer_manager))
+            raise HTTPException(status_code=404, detail=message)  # handle_request answers it as a 404
+        message = pd_parallel_sampling_error(getattr(request, "n", 1), _pd_mode(self.tokenizer_manager))
+        if message:
+            return message  # handle_request answers it as a 400
+    return original(self, request, *args, **kwargs)
 
 
 _registered = False

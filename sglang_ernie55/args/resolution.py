@@ -70,7 +70,9 @@ def model_specific_adjustments(server_args: Any, previous) -> None:
     rules.check_page_size(server_args.page_size)
     rules.resolve_kv_cache_dtype(cfg.kv_cache_dtype, "--kv-cache-dtype")
     if cfg.speculative_draft_kv_cache_dtype is not None:
-        rules.resolve_kv_cache_dtype(cfg.speculative_draft_kv_cache_dtype, "--speculative-draft-kv-cache-dtype")
+        rules.resolve_kv_cache_dtype(
+            cfg.speculative_draft_kv_cache_dtype, "--speculative-draft-kv-cache-dtype"
+        )
     warning = rules.check_parsers(cfg.reasoning_parser, cfg.tool_call_parser, envs.allow_parsers())
     if warning:
         logger.warning("ERNIE-5.5: %s", warning)

@@ -131,7 +131,9 @@ def legal_attention_layouts(tp: int, attn_dp: int, attn_cp: int, groups: int) ->
     return out
 
 
-def check_attention_tp(tp: int, attn_dp: int, attn_cp: int, groups: int = DEFAULT_ATTENTION_OUTPUT_GROUPS) -> int:
+def check_attention_tp(
+    tp: int, attn_dp: int, attn_cp: int, groups: int = DEFAULT_ATTENTION_OUTPUT_GROUPS
+) -> int:
     """The attention TP size tp / attn_dp / attn_cp must be a whole divisor of the `groups` output groups.
     Returns it."""
     a = attention_tp_size(tp, attn_dp, attn_cp)
@@ -246,7 +248,9 @@ def check_parsers(reasoning_parser: str | None, tool_call_parser: str | None, al
         "look like its markers. The `ernie55` parsers belong to the post-trained model, which is not released."
     )
     if allow:
-        return (f"{flag} {value} on the ERNIE-5.5 Base model (allowed by SGLANG_ERNIE55_ALLOW_PARSERS=1): {why}")
+        return (
+            f"{flag} {value} on the ERNIE-5.5 Base model (allowed by SGLANG_ERNIE55_ALLOW_PARSERS=1): {why}"
+        )
     raise Ernie55ArgumentError(
         flag, value, "none (leave it out)", why,
         "If you serve your own fine-tune of this architecture that does emit that parser's format, set "
@@ -291,13 +295,14 @@ class FlagRule(NamedTuple):
 
 
 ERNIE55_FLAG_RULES: tuple[FlagRule, ...] = (
-    FlagRule("`--attention-backend` (and `--prefill-/--decode-attention-backend`)",
+    FlagRule("`--attention-backend` (and `--prefill-`, `--decode-`, `--speculative-draft-attention-backend`)",
              "default `ernie55`; any other value: error"),
     FlagRule("`--page-size`", "default 256; any other value: error"),
     FlagRule("`--swa-full-tokens-ratio`", "default 0.1; a given value is kept (SGLang checks (0, 1])"),
     FlagRule("`--kv-cache-dtype` (and `--speculative-draft-kv-cache-dtype`)",
              "default / `auto` -> `fp8_e4m3` (logged; vLLM's `auto` means BF16); `bf16` -> `bfloat16` (logged); "
-             "`fp8_e4m3`, `bfloat16` kept; vLLM's `fp8` and every other dtype: error naming the legal values"),
+             "`fp8_e4m3`, `bfloat16` kept; vLLM's `fp8` and every other dtype: error naming the legal values "
+             "(on the CLI argparse already refuses `fp8`)"),
     FlagRule("`--tp`, `--attn-dp-size`, `--attn-cp-size`",
              "attention TP = tp / attn_dp / attn_cp must divide 8 (o_groups); else error with the computed "
              "attention TP and the nearest legal settings (`--tp 16 --attn-dp-size 2` is legal)"),
@@ -316,7 +321,7 @@ ERNIE55_FLAG_RULES: tuple[FlagRule, ...] = (
     FlagRule("`--context-length` > 131072",
              "warning: also lower `--max-running-requests` (single digits) and `--cuda-graph-max-bs-decode`"),
     FlagRule("request `n` > 1 under PD disaggregation", "HTTP 400 (sub-requests would share one bootstrap room and hang)"),
-    FlagRule("request `model` != served name", "HTTP 404 `model_not_found` up front (SGLang itself serves any name)"),
+    FlagRule("request `model` != served name", "HTTP 404 up front (SGLang itself serves any name); no `model` field: served"),
 )  # fmt: skip
 
 
