@@ -17,7 +17,7 @@ The budget of one GPU (every number in 10^9-byte GB, GPU memory as the vendor st
 - runtime reserve: RESERVE_FRACTION (10%) of HBM: CUDA context, CUDA graphs, NCCL / all-to-all
   buffers, MoE and attention activations of one prefill chunk, allocator slack.
 - prefill scratch: the DSA indexer scores one prefill chunk against the whole context in fp32:
-  chunk x context x 4 bytes (8192 x 131072 -> 4.3 GB; 8192 x 1M -> 34 GB; this is what makes 1M
+  chunk x context x 4 bytes (the chunk per attention-DP rank: SGLang divides --chunked-prefill-size by it) (8192 x 131072 -> 4.3 GB; 8192 x 1M -> 34 GB; this is what makes 1M
   contexts expensive, not the KV).
 - request state: the HCA open-block compressor state, fp32 [compress_ratio, 2 x head_dim] per HCA
   layer per request slot (~19 MB per running request at full size), for `max-running-requests`
@@ -198,6 +198,11 @@ class Layout:
         return self.tp // (self.attn_dp * self.attn_cp)
 
     @property
+    def prefill_chunk_per_rank(self) -> int:
+        """SGLang divides --chunked-prefill-size among the attention-DP ranks."""
+        return max(1, self.chunked_prefill_size // self.attn_dp)
+
+    @property
     def kv_ranks(self) -> int:
         """Distinct KV pools in the server (one per attention-DP rank per DP replica)."""
         return self.attn_dp * self.dp
@@ -349,7 +354,7 @@ def plan(cfg, layout: Layout) -> Plan:
         weights[g] = per_stage / shard[g]
     hbm = L.gpu.memory_gb * GB
     reserve = RESERVE_FRACTION * hbm
-    scratch = L.chunked_prefill_size * L.context_length / max(1, L.attn_cp) * 4.0
+    scratch = L.prefill_chunk_per_rank * L.context_length / max(1, L.attn_cp) * 4.0
     slots = L.requests_per_rank or 0
     state = slots * request_state_bytes(cfg) / L.pp
     kv_pool = hbm - sum(weights.values()) - reserve - scratch - state

@@ -32,7 +32,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
       - runtime reserve: 10% of the GPU (CUDA context and graphs, NCCL / all-to-all buffers,
         activations of one prefill chunk, allocator slack).
       - prefill scratch: the DSA indexer's fp32 scores of one chunk against the context,
-        chunked-prefill-size x context x 4 B.
+        chunk per attention-DP rank x context x 4 B.
       - request state: the HCA compressor's open block, fp32 [128, 1024] per HCA layer per running
         request (~19 MB at full size).
       - KV pool: the rest, at the layouts of sglang_ernie55.kernels.layout (FP8: MLA-DSA 656 B +
@@ -120,7 +120,7 @@ def explain_1m(cfg, p) -> list[str]:
     )
     one = LONG_CONTEXT * per_tok["full"]
     fit = p.max_concurrency_at(LONG_CONTEXT)
-    scratch = L.chunked_prefill_size * LONG_CONTEXT * 4.0
+    scratch = L.prefill_chunk_per_rank * LONG_CONTEXT * 4.0
     return [
         f"1M context ({LONG_CONTEXT:,} tokens) on this layout:",
         f"  - KV of one 1M request: {_gb(one)} in the full pool per attention-DP rank "
@@ -130,7 +130,7 @@ def explain_1m(cfg, p) -> list[str]:
         f"  - the pool holds {fit} such requests in the whole server: --max-running-requests must come down to "
         "single digits, and --cuda-graph-max-bs-decode with it (graphs for batches that never run waste memory).",
         f"  - prefill: the DSA indexer scores each chunk against the whole context in fp32: "
-        f"{L.chunked_prefill_size} x 1M x 4 B = {_gb(scratch)} per chunk; a smaller --chunked-prefill-size trades "
+        f"{L.prefill_chunk_per_rank} x 1M x 4 B = {_gb(scratch)} per chunk; a smaller --chunked-prefill-size trades "
         "prefill speed for this scratch (the long-context cells use 4096, 2048 on 80 GB cards).",
         "  - 1M is a capability of the model (max_position_embeddings), not a default: the other cells keep "
         "--context-length 131072, the training context.",
@@ -156,7 +156,7 @@ def render(cfg, p, concurrency: list[int], cell_name: str | None) -> str:
         f"  weights          {_gb(p.weights_total):>10}   "
         + ", ".join(f"{k} {v / 1e9:.2f}" for k, v in p.weights.items()),
         f"  runtime reserve  {_gb(p.reserve):>10}   10% of the GPU: CUDA graphs, NCCL, activations, slack",
-        f"  prefill scratch  {_gb(p.scratch):>10}   indexer scores: {L.chunked_prefill_size} x {L.context_length:,} x 4 B",
+        f"  prefill scratch  {_gb(p.scratch):>10}   indexer scores: {L.prefill_chunk_per_rank} x {L.context_length:,} x 4 B",
         f"  request state    {_gb(p.state):>10}   HCA open blocks of {L.requests_per_rank or 0} requests per rank",
         f"  KV pool          {_gb(p.kv_pool):>10}   {p.kv_pool / (L.gpu.memory_gb * 1e9):.0%} of the GPU",
         "",

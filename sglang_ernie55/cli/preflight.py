@@ -51,7 +51,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--hardware", help="check the GPUs against this cell's hardware (b300 | ... | h200)")
     parser.add_argument("--precision", default="fp8", help="the cell's precision (default: fp8)")
     parser.add_argument("--strategy", default="balanced", help="the cell's strategy (default: balanced)")
-    parser.add_argument("--url", default=DEFAULT_URL, help=f"where a running server would answer (default: {DEFAULT_URL})")
+    parser.add_argument(
+        "--url", default=DEFAULT_URL, help=f"where a running server would answer (default: {DEFAULT_URL})"
+    )
     parser.add_argument("--no-server", action="store_true", help="skip the server check")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
 
@@ -70,12 +72,21 @@ def check_versions() -> list[Check]:
     if sg == SGLANG_PIN:
         out.append(Check("sglang", OK, f"sglang {sg} (the pinned version)", {"version": sg}))
     else:
-        out.append(Check("sglang", FAIL, f"sglang {sg} installed, this plugin is pinned to {SGLANG_PIN}", {"version": sg}))
+        out.append(
+            Check(
+                "sglang",
+                FAIL,
+                f"sglang {sg} installed, this plugin is pinned to {SGLANG_PIN}",
+                {"version": sg},
+            )
+        )
     try:
         dist = version("sglang-ernie55")
     except PackageNotFoundError:
         dist = None
-    detail = f"sglang-ernie55 {__version__}" + ("" if dist else " (imported from a source tree, not installed)")
+    detail = f"sglang-ernie55 {__version__}" + (
+        "" if dist else " (imported from a source tree, not installed)"
+    )
     out.append(Check("plugin", OK if dist else WARN, detail, {"version": __version__, "installed": dist}))
     try:
         import torch
@@ -96,7 +107,11 @@ def check_entry_point() -> list[Check]:
 
     eps = [ep for ep in entry_points(group="sglang.srt.plugins") if ep.name == "ernie55"]
     if not eps:
-        return [Check("entry point", FAIL, "no `sglang.srt.plugins` entry point `ernie55`: reinstall sglang-ernie55")]
+        return [
+            Check(
+                "entry point", FAIL, "no `sglang.srt.plugins` entry point `ernie55`: reinstall sglang-ernie55"
+            )
+        ]
     ep = eps[0]
     out = [Check("entry point", OK, f"ernie55 -> {ep.value}", {"value": ep.value})]
     allowed = envs.sglang_plugins_whitelist()
@@ -104,7 +119,9 @@ def check_entry_point() -> list[Check]:
         out.append(Check("SGLANG_PLUGINS", FAIL, f"SGLANG_PLUGINS={','.join(sorted(allowed))} excludes ernie55: "
                          "SGLang would skip the plugin silently; add ernie55"))  # fmt: skip
     else:
-        out.append(Check("SGLANG_PLUGINS", OK, "unset (all plugins load)" if allowed is None else "includes ernie55"))
+        out.append(
+            Check("SGLANG_PLUGINS", OK, "unset (all plugins load)" if allowed is None else "includes ernie55")
+        )
     return out
 
 
@@ -128,11 +145,40 @@ def check_models() -> list[Check]:
         for cls in entry if isinstance(entry, list) else [entry]:
             found[cls.__name__] = name
     missing = [a for a in ARCHITECTURES if a not in found]
+    register = not missing and not any(c.status == FAIL for c in out)
     if missing:
-        out.append(Check("architectures", FAIL, f"missing {missing} (found {sorted(found)})", {"found": found}))
+        out.append(
+            Check("architectures", FAIL, f"missing {missing} (found {sorted(found)})", {"found": found})
+        )
     else:
-        out.append(Check("architectures", OK, ", ".join(f"{a} ({found[a]})" for a in ARCHITECTURES), {"found": found}))
+        out.append(
+            Check(
+                "architectures", OK, ", ".join(f"{a} ({found[a]})" for a in ARCHITECTURES), {"found": found}
+            )
+        )
+    if register:
+        out += check_registry()
     return out
+
+
+def check_registry() -> list[Check]:
+    """Register the plugin in this process (what SGLang's loader does) and look the architectures up in
+    SGLang's ModelRegistry. Touches nothing outside this process."""
+    from ..configuration import ARCHITECTURES
+
+    try:
+        from sglang.srt.models.registry import ModelRegistry
+
+        from .. import plugin
+
+        plugin.register()
+    except Exception as e:  # version mismatch, hook target missing, strict import error
+        return [Check("registry", FAIL, f"registering the plugin failed: {type(e).__name__}: {e}")]
+    bad = {a: getattr(ModelRegistry.models.get(a), "__module__", None) for a in ARCHITECTURES}
+    bad = {a: m for a, m in bad.items() if not (m or "").startswith("sglang_ernie55.")}
+    if bad:
+        return [Check("registry", FAIL, f"SGLang's ModelRegistry maps {bad} to classes not of this plugin")]
+    return [Check("registry", OK, "SGLang's ModelRegistry resolves both architectures to this plugin")]
 
 
 def _visible_gpus() -> tuple[list[dict[str, Any]], str | None]:
@@ -175,25 +221,46 @@ def check_gpus(hardware: str | None, precision: str, strategy: str) -> list[Chec
     try:
         import torch
 
-        out.append(Check("cuda driver", INFO, f"CUDA runtime {torch.version.cuda}; driver reports {torch.cuda.get_device_capability(0)} compute capability"))
-    except Exception:  # informational only
+        drv = torch._C._cuda_getDriverVersion()  # e.g. 13000 -> 13.0
+        out.append(Check("cuda driver", INFO, f"driver supports CUDA {drv // 1000}.{drv % 1000 // 10}; torch runtime "
+                         f"{torch.version.cuda}", {"driver_cuda": f"{drv // 1000}.{drv % 1000 // 10}"}))  # fmt: skip
+    except Exception:  # informational only: private API of torch
         pass
     if cell:
         want = cell.gpu
         wrong = [n for n, k in kinds.items() if k is None or k.key != want.key]
         if wrong:
-            out.append(Check("gpu model", FAIL, f"the cell wants {want.label}, this host has {', '.join(wrong)}"))
+            out.append(
+                Check("gpu model", FAIL, f"the cell wants {want.label}, this host has {', '.join(wrong)}")
+            )
         else:
             out.append(Check("gpu model", OK, f"{want.label} as the cell wants"))
         if len(gpus) < cell.gpus_per_node:
             out.append(Check("gpu count", FAIL, f"{len(gpus)} visible, the cell needs {cell.gpus_per_node} per node"
                              + (f" on {cell.nodes} nodes" if cell.nodes > 1 else "")))  # fmt: skip
         else:
-            extra = f" (the cell uses {cell.gpus_per_node}; set CUDA_VISIBLE_DEVICES)" if len(gpus) > cell.gpus_per_node else ""
-            out.append(Check("gpu count", OK, f"{len(gpus)} visible{extra}" + (f"; run one command per node on {cell.nodes} nodes" if cell.nodes > 1 else "")))
+            extra = (
+                f" (the cell uses {cell.gpus_per_node}; set CUDA_VISIBLE_DEVICES)"
+                if len(gpus) > cell.gpus_per_node
+                else ""
+            )
+            out.append(
+                Check(
+                    "gpu count",
+                    OK,
+                    f"{len(gpus)} visible{extra}"
+                    + (f"; run one command per node on {cell.nodes} nodes" if cell.nodes > 1 else ""),
+                )
+            )
         low = [g for g in gpus if g["memory_gb"] < 0.9 * want.memory_gb]
         if low:
-            out.append(Check("gpu memory", FAIL, f"{len(low)} GPU(s) below {want.memory_gb:g} GB: {low[0]['memory_gb']} GB"))
+            out.append(
+                Check(
+                    "gpu memory",
+                    FAIL,
+                    f"{len(low)} GPU(s) below {want.memory_gb:g} GB: {low[0]['memory_gb']} GB",
+                )
+            )
     return out
 
 
