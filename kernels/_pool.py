@@ -6,7 +6,6 @@ import dataclasses
 import os
 
 import torch
-
 import triton.language as tl
 
 from .layout import FP8_DTYPE, Geometry, KVLayout
@@ -49,7 +48,12 @@ def pool_args(g: Geometry) -> PoolArgs:
 
 
 def check_pool(pool: torch.Tensor, g: Geometry, name: str) -> None:
-    if pool.dtype != torch.uint8 or pool.dim() != 2 or pool.shape[1] != g.page_bytes or not pool.is_contiguous():
+    if (
+        pool.dtype != torch.uint8
+        or pool.dim() != 2
+        or pool.shape[1] != g.page_bytes
+        or not pool.is_contiguous()
+    ):
         raise ValueError(
             f"{name}: expected a contiguous uint8 pool [num_pages, {g.page_bytes}] ({g.layout.value}, page "
             f"{g.page_size}), got {tuple(pool.shape)} {pool.dtype} contiguous={pool.is_contiguous()}"

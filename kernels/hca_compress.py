@@ -48,8 +48,14 @@ def hca_compress_store(
           f"kvs: fp32 [N, {2 * D}] with contiguous last dim, got {kvs.dtype} {tuple(kvs.shape)}")  # fmt: skip
     check(state.dim() == 3 and state.shape[1:] == (R, 2 * D) and state.dtype == torch.float32 and state.stride(2) == 1,
           f"state: fp32 [slots, {R}, {2 * D}], got {state.dtype} {tuple(state.shape)}")  # fmt: skip
-    check(ape.shape == (R, D) and ape.dtype == torch.float32 and ape.is_contiguous(), f"ape: fp32 [{R}, {D}] contiguous")
-    check(norm_w.shape == (D,) and norm_w.dtype == torch.float32 and norm_w.is_contiguous(), f"norm_w: fp32 [{D}]")
+    check(
+        ape.shape == (R, D) and ape.dtype == torch.float32 and ape.is_contiguous(),
+        f"ape: fp32 [{R}, {D}] contiguous",
+    )
+    check(
+        norm_w.shape == (D,) and norm_w.dtype == torch.float32 and norm_w.is_contiguous(),
+        f"norm_w: fp32 [{D}]",
+    )
     half = g.rope // 2
     for n, t in (("cos", cos), ("sin", sin)):
         check(t.dim() == 2 and t.shape[1] == half and t.dtype == torch.float32 and t.stride(1) == 1,
@@ -58,7 +64,9 @@ def hca_compress_store(
     J = job_out_slot.shape[0]
     for n, t in (("job_req_slot", job_req_slot), ("job_block", job_block), ("job_ext_start", job_ext_start),
                  ("job_tok_start", job_tok_start), ("job_out_slot", job_out_slot)):  # fmt: skip
-        check(t.shape == (J,) and t.dtype in (torch.int32, torch.int64) and t.is_contiguous(), f"{n}: int [{J}]")
+        check(
+            t.shape == (J,) and t.dtype in (torch.int32, torch.int64) and t.is_contiguous(), f"{n}: int [{J}]"
+        )
     if J == 0:
         return
     hca_compress_kernel[(J,)](
@@ -71,7 +79,11 @@ def hca_compress_store(
 
 
 def hca_state_update(
-    state: torch.Tensor, kvs: torch.Tensor, positions: torch.Tensor, req_slot: torch.Tensor, seq_lens: torch.Tensor
+    state: torch.Tensor,
+    kvs: torch.Tensor,
+    positions: torch.Tensor,
+    req_slot: torch.Tensor,
+    seq_lens: torch.Tensor,
 ) -> None:
     """state[req_slot[i], positions[i] % 128] = kvs[i] for each new token i whose block is still open
     at the end of the batch (positions[i] >= 128 * (seq_lens[i] // 128)); req_slot -1 skips.
@@ -79,11 +91,16 @@ def hca_state_update(
     state fp32 [slots, 128, 2D]; kvs fp32 [N, 2D]; positions, req_slot, seq_lens int [N] (per token:
     its position, its request's state slot, its request's sequence length after this batch)."""
     N = kvs.shape[0]
-    check(state.dim() == 3 and state.shape[1] == HCA_COMPRESS_RATIO and state.stride(2) == 1, "state: [slots, 128, 2D]")
+    check(
+        state.dim() == 3 and state.shape[1] == HCA_COMPRESS_RATIO and state.stride(2) == 1,
+        "state: [slots, 128, 2D]",
+    )
     check(kvs.shape == (N, state.shape[2]) and kvs.dtype == state.dtype == torch.float32 and kvs.stride(1) == 1,
           f"kvs: fp32 [N, {state.shape[2]}]")  # fmt: skip
     for n, t in (("positions", positions), ("req_slot", req_slot), ("seq_lens", seq_lens)):
-        check(t.shape == (N,) and t.dtype in (torch.int32, torch.int64) and t.is_contiguous(), f"{n}: int [{N}]")
+        check(
+            t.shape == (N,) and t.dtype in (torch.int32, torch.int64) and t.is_contiguous(), f"{n}: int [{N}]"
+        )
     W = state.shape[2]
     check(W & (W - 1) == 0, f"state row width {W} must be a power of two")
     if N == 0:

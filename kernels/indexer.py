@@ -40,12 +40,18 @@ def indexer_logits(
     check(w.shape == (T, NI) and w.dtype == torch.float32 and w.stride(1) == 1, f"w: fp32 [{T}, {NI}]")
     check(page_table.dim() == 2 and page_table.dtype == torch.int32 and page_table.stride(1) == 1,
           "page_table: int32 [B, max_pages]")  # fmt: skip
-    check(page_table.shape[1] * g.page_size >= max_len, f"page_table: {page_table.shape[1]} pages < max_len {max_len}")
+    check(
+        page_table.shape[1] * g.page_size >= max_len,
+        f"page_table: {page_table.shape[1]} pages < max_len {max_len}",
+    )
     for n, x in (("q_req", q_req), ("q_pos", q_pos)):
         check(x.shape == (T,) and x.dtype == torch.int32 and x.is_contiguous(), f"{n}: int32 [{T}]")
     if out is None:
         out = torch.empty(T, max_len, dtype=torch.float32, device=qI.device)
-    check(out.shape == (T, max_len) and out.dtype == torch.float32 and out.stride(1) == 1, "out: fp32 [T, max_len]")
+    check(
+        out.shape == (T, max_len) and out.dtype == torch.float32 and out.stride(1) == 1,
+        "out: fp32 [T, max_len]",
+    )
     if T == 0 or max_len == 0:
         return out
     keys_per_prog = triton.cdiv(min(keys_per_prog, max_len), block_n) * block_n
@@ -68,8 +74,12 @@ def _ordered_key(logits: torch.Tensor) -> torch.Tensor:
 
 
 def indexer_topk(
-    logits: torch.Tensor, q_pos: torch.Tensor, topk: int, page_table: torch.Tensor | None = None,
-    q_req: torch.Tensor | None = None, page_size: int = 256,
+    logits: torch.Tensor,
+    q_pos: torch.Tensor,
+    topk: int,
+    page_table: torch.Tensor | None = None,
+    q_req: torch.Tensor | None = None,
+    page_size: int = 256,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Top-k positions per query (exact: ties to the earlier position) and their count.
 

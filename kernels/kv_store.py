@@ -29,8 +29,13 @@ def kv_store(pool: torch.Tensor, g: Geometry, loc: torch.Tensor, x: torch.Tensor
     width = a.main + a.tail
     check(x.dim() == 2 and x.shape[1] == width, f"kv_store.x: expected [N, {width}], got {tuple(x.shape)}")
     check(x.stride(1) == 1, "kv_store.x: last dim must be contiguous")
-    check(x.dtype in (torch.bfloat16, torch.float16, torch.float32), f"kv_store.x: float dtype, got {x.dtype}")
-    check(loc.dim() == 1 and loc.shape[0] == x.shape[0], f"kv_store.loc: expected [{x.shape[0]}], got {tuple(loc.shape)}")
+    check(
+        x.dtype in (torch.bfloat16, torch.float16, torch.float32), f"kv_store.x: float dtype, got {x.dtype}"
+    )
+    check(
+        loc.dim() == 1 and loc.shape[0] == x.shape[0],
+        f"kv_store.loc: expected [{x.shape[0]}], got {tuple(loc.shape)}",
+    )
     check(loc.dtype in (torch.int32, torch.int64), f"kv_store.loc: int32/int64, got {loc.dtype}")
     check(loc.device == pool.device == x.device, "kv_store: pool, loc and x on one device")
     if x.shape[0] == 0:

@@ -115,7 +115,9 @@ class Geometry:
 
     def flashmla_view(self, pool: torch.Tensor) -> torch.Tensor:
         """The ``[num_pages, page_size, 1, bytes_per_token]`` view FlashMLA detects the format from."""
-        assert self.layout in (KVLayout.HCA_FP8, KVLayout.MLA_FP8), f"FlashMLA reads no {self.layout.value} pool"
+        assert self.layout in (KVLayout.HCA_FP8, KVLayout.MLA_FP8), (
+            f"FlashMLA reads no {self.layout.value} pool"
+        )
         n = self.page_size * self.bytes_per_token
         return pool[:, :n].view(pool.shape[0], self.page_size, 1, self.bytes_per_token).view(FP8_DTYPE)
 
@@ -124,7 +126,9 @@ def _ceil_to(x: int, m: int) -> int:
     return -(-x // m) * m
 
 
-def hca_geometry(kv_dtype: str, dim: int = HCA_HEAD_DIM, rope: int = HCA_ROPE_DIM, page_size: int = PAGE_SIZE):
+def hca_geometry(
+    kv_dtype: str, dim: int = HCA_HEAD_DIM, rope: int = HCA_ROPE_DIM, page_size: int = PAGE_SIZE
+):
     """HCA window / compressed pool geometry. ``page_size`` 256 for the window pool, 2 for the compressed."""
     if kv_dtype in ("fp8", "fp8_e4m3"):
         nope = dim - rope
@@ -137,12 +141,16 @@ def hca_geometry(kv_dtype: str, dim: int = HCA_HEAD_DIM, rope: int = HCA_ROPE_DI
     return Geometry(KVLayout.HCA_BF16, dim, rope, page_size, 2 * dim, 2 * dim, 0, 0, page_size * 2 * dim, dim)
 
 
-def mla_geometry(kv_dtype: str, dim: int = MLA_LATENT_DIM, rope: int = MLA_ROPE_DIM, page_size: int = PAGE_SIZE):
+def mla_geometry(
+    kv_dtype: str, dim: int = MLA_LATENT_DIM, rope: int = MLA_ROPE_DIM, page_size: int = PAGE_SIZE
+):
     """MLA-DSA latent + rope pool geometry (``dim`` = latent width)."""
     if kv_dtype in ("fp8", "fp8_e4m3"):
         assert dim % MLA_FP8_TILE == 0, f"MLA fp8 needs latent % 128 == 0, got {dim}"
         bpt = dim + 4 * (dim // MLA_FP8_TILE) + 2 * rope
-        return Geometry(KVLayout.MLA_FP8, dim, rope, page_size, bpt, bpt, dim, bpt, page_size * bpt, MLA_FP8_TILE)
+        return Geometry(
+            KVLayout.MLA_FP8, dim, rope, page_size, bpt, bpt, dim, bpt, page_size * bpt, MLA_FP8_TILE
+        )
     assert kv_dtype in ("bf16", "bfloat16"), kv_dtype
     bpt = 2 * (dim + rope)
     return Geometry(KVLayout.MLA_BF16, dim, rope, page_size, bpt, bpt, 0, 0, page_size * bpt, dim)

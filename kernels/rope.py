@@ -13,7 +13,9 @@ from ._pool import check
 from ._triton.rope import rope_inplace_kernel
 
 
-def rope_(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inverse: bool = False) -> torch.Tensor:
+def rope_(
+    x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inverse: bool = False
+) -> torch.Tensor:
     """x: [T, h, D] bf16/fp16/fp32, last dim contiguous (modified in place and returned);
     positions: int32/int64 [T]; cos, sin: fp32 [max_pos, rope/2] with the same row stride, last dim
     contiguous; rope = 2 * cos.shape[1] (a power of two) <= D. ``inverse`` rotates by -angle."""

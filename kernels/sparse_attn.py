@@ -55,11 +55,16 @@ class Scope:
 def _check_scope(sc: Scope, T: int, name: str) -> None:
     check_pool(sc.pool, sc.geom, f"{name}.pool")
     idx = sc.indices
-    check(idx.dim() == 2 and idx.shape[0] == T, f"{name}.indices: expected [T={T}, K], got {tuple(idx.shape)}")
+    check(
+        idx.dim() == 2 and idx.shape[0] == T, f"{name}.indices: expected [T={T}, K], got {tuple(idx.shape)}"
+    )
     check(idx.dtype == torch.int32 and idx.stride(1) == 1, f"{name}.indices: int32 with contiguous last dim")
     if sc.lengths is not None:
         ln = sc.lengths
-        check(ln.shape == (T,) and ln.dtype == torch.int32, f"{name}.lengths: expected int32 [{T}], got {ln.dtype} {tuple(ln.shape)}")
+        check(
+            ln.shape == (T,) and ln.dtype == torch.int32,
+            f"{name}.lengths: expected int32 [{T}], got {ln.dtype} {tuple(ln.shape)}",
+        )
         check(ln.is_contiguous(), f"{name}.lengths: contiguous")
 
 
@@ -86,7 +91,9 @@ def sparse_mqa_attention(
     """
     a = pool_args(main.geom)
     T, H, D = q.shape
-    check(q.dim() == 3 and D == a.main + a.tail, f"q: expected [T, h, {a.main + a.tail}], got {tuple(q.shape)}")
+    check(
+        q.dim() == 3 and D == a.main + a.tail, f"q: expected [T, h, {a.main + a.tail}], got {tuple(q.shape)}"
+    )
     check(q.dtype == torch.bfloat16 and q.stride(2) == 1, f"q: bf16 with contiguous last dim, got {q.dtype}")
     _check_scope(main, T, "main")
     if extra is not None:
@@ -98,10 +105,15 @@ def sparse_mqa_attention(
     check(d_v in (a.main, a.main + a.tail), f"d_v: must be {a.main} (or {a.main + a.tail}), got {d_v}")
     v_tail = d_v == a.main + a.tail and a.tail > 0
     if sink is not None:
-        check(sink.shape == (H,) and sink.dtype == torch.float32 and sink.is_contiguous(), f"sink: fp32 [{H}]")
+        check(
+            sink.shape == (H,) and sink.dtype == torch.float32 and sink.is_contiguous(), f"sink: fp32 [{H}]"
+        )
     if out is None:
         out = torch.empty(T, H, d_v, dtype=torch.bfloat16, device=q.device)
-    check(out.shape == (T, H, d_v) and out.stride(2) == 1, f"out: expected [{T}, {H}, {d_v}] with contiguous last dim")
+    check(
+        out.shape == (T, H, d_v) and out.stride(2) == 1,
+        f"out: expected [{T}, {H}, {d_v}] with contiguous last dim",
+    )
     lse = torch.empty(T, H, dtype=torch.float32, device=q.device)
     if T == 0:
         return out, lse

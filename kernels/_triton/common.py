@@ -92,7 +92,8 @@ def load_main(
         if NOPE < MAIN:
             b = tl.load(
                 bf_ptr + (row[:, None] + NOPE + 2 * (d[None, :] - NOPE)) // 2,
-                mask=vmask & (d >= NOPE)[None, :], other=0.0,
+                mask=vmask & (d >= NOPE)[None, :],
+                other=0.0,
             ).to(tl.float32)
             v = tl.where(is_q[None, :], q, b)
         else:
@@ -104,9 +105,9 @@ def load_main(
 def load_tail(bf_ptr, row, valid, TAIL_OFF: tl.constexpr, TAIL: tl.constexpr):
     """[BN, TAIL] fp32: TAIL bf16 values at ``row + TAIL_OFF``."""
     d = tl.arange(0, TAIL)
-    return tl.load(bf_ptr + (row[:, None] + TAIL_OFF + 2 * d[None, :]) // 2, mask=valid[:, None], other=0.0).to(
-        tl.float32
-    )
+    return tl.load(
+        bf_ptr + (row[:, None] + TAIL_OFF + 2 * d[None, :]) // 2, mask=valid[:, None], other=0.0
+    ).to(tl.float32)
 
 
 @triton.jit
@@ -132,7 +133,9 @@ def encode_store(
         q = round_e4m3(tl.minimum(tl.maximum(q, -448.0), 448.0))
         tl.store(f8_ptr + row + d, q.to(f8_ptr.dtype.element_ty), mask=is_q)
         if NOPE < MAIN:
-            tl.store(bf_ptr + (row + NOPE + 2 * (d - NOPE)) // 2, round_bf16(x).to(tl.bfloat16), mask=d >= NOPE)
+            tl.store(
+                bf_ptr + (row + NOPE + 2 * (d - NOPE)) // 2, round_bf16(x).to(tl.bfloat16), mask=d >= NOPE
+            )
         if KIND == 1:
             sb = tl.where(t < NQT, e + 127, 0).to(tl.uint8)
             tl.store(u8_ptr + srow + t, sb, mask=t < SCALE_BYTES)

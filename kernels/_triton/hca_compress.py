@@ -44,9 +44,15 @@ def hca_compress_kernel(
         srow = state_ptr + rslot * state_stride_r + r[:, None].to(tl.int64) * state_stride_t
         mn = new[:, None]
         ms = (~new)[:, None]
-        c_e = tl.load(nrow + ce[None, :], mask=mn, other=0.0) + tl.load(srow + ce[None, :], mask=ms, other=0.0)
-        c_o = tl.load(nrow + ce[None, :] + 1, mask=mn, other=0.0) + tl.load(srow + ce[None, :] + 1, mask=ms, other=0.0)
-        s_e = tl.load(nrow + D + ce[None, :], mask=mn, other=0.0) + tl.load(srow + D + ce[None, :], mask=ms, other=0.0)
+        c_e = tl.load(nrow + ce[None, :], mask=mn, other=0.0) + tl.load(
+            srow + ce[None, :], mask=ms, other=0.0
+        )
+        c_o = tl.load(nrow + ce[None, :] + 1, mask=mn, other=0.0) + tl.load(
+            srow + ce[None, :] + 1, mask=ms, other=0.0
+        )
+        s_e = tl.load(nrow + D + ce[None, :], mask=mn, other=0.0) + tl.load(
+            srow + D + ce[None, :], mask=ms, other=0.0
+        )
         s_o = tl.load(nrow + D + ce[None, :] + 1, mask=mn, other=0.0) + tl.load(srow + D + ce[None, :] + 1, mask=ms,
                                                                                  other=0.0)  # fmt: skip
         s_e += tl.load(ape_ptr + r[:, None] * D + ce[None, :])

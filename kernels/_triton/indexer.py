@@ -20,7 +20,9 @@ def indexer_logits_kernel(
     h = tl.arange(0, BNI)
     hm = h < NI
     d = tl.arange(0, DI)
-    q = tl.load(q_ptr + t * q_stride_t + h[:, None] * q_stride_h + d[None, :], mask=hm[:, None], other=0.0).to(DT)
+    q = tl.load(
+        q_ptr + t * q_stride_t + h[:, None] * q_stride_h + d[None, :], mask=hm[:, None], other=0.0
+    ).to(DT)
     w = tl.load(w_ptr + t * w_stride_t + h, mask=hm, other=0.0)
     req = tl.load(req_ptr + t).to(tl.int64)
     pos = tl.load(pos_ptr + t).to(tl.int64)

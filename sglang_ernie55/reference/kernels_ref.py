@@ -53,7 +53,9 @@ def encode_tokens(g: Geometry, x: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
         return x.to(torch.bfloat16).contiguous().view(torch.uint8).view(N, -1), None
     if g.layout is KVLayout.HCA_FP8:
         q, e = quant_pow2(x[:, : g.nope], g.tile)
-        data = torch.cat([q.view(torch.uint8), x[:, g.nope :].to(torch.bfloat16).contiguous().view(torch.uint8)], 1)
+        data = torch.cat(
+            [q.view(torch.uint8), x[:, g.nope :].to(torch.bfloat16).contiguous().view(torch.uint8)], 1
+        )
         sc = torch.zeros(N, g.scale_stride, dtype=torch.uint8, device=x.device)
         sc[:, : g.nope // g.tile] = (e + 127).to(torch.uint8)
         return data, sc
@@ -64,7 +66,9 @@ def encode_tokens(g: Geometry, x: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
         return torch.cat([q.view(torch.uint8), s, rope], 1), None
     if g.layout is KVLayout.IDX_FP8:
         q, e = quant_pow2(x, g.dim)
-        return q.view(torch.uint8), torch.pow(2.0, e.double()).float().contiguous().view(torch.uint8).view(N, 4)
+        return q.view(torch.uint8), torch.pow(2.0, e.double()).float().contiguous().view(torch.uint8).view(
+            N, 4
+        )
     raise ValueError(g.layout)
 
 
@@ -156,7 +160,9 @@ def hca_compress_jobs(
     position >= ext_start, else state[req_slot, t]."""
     ratio, D = ape.shape
     out = []
-    for s, j, e, t0 in zip(job_req_slot.tolist(), job_block.tolist(), job_ext_start.tolist(), job_tok_start.tolist()):
+    for s, j, e, t0 in zip(
+        job_req_slot.tolist(), job_block.tolist(), job_ext_start.tolist(), job_tok_start.tolist()
+    ):
         rows = []
         for t in range(ratio):
             p = ratio * j + t

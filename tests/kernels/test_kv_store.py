@@ -1,0 +1,71 @@
+"""kv_store: every layout, byte-exact against kernels_ref.pool_store; round trip within fp8 error."""
+
+import pytest
+import torch
+from kutil import DEV, poison, rel
+from sglang_ernie55.kernels import layout as L
+from sglang_ernie55.kernels.kv_store import kv_store
+
+from sglang_ernie55.reference import kernels_ref as R
+
+GEOMS = {
+    "hca_fp8": (lambda: L.hca_geometry("fp8"), 512),
+    "hca_bf16": (lambda: L.hca_geometry("bf16"), 512),
+    "hca_fp8_cmp": (lambda: L.hca_geometry("fp8", page_size=L.HCA_CMP_PER_PAGE), 512),
+    "hca_fp8_tiny": (lambda: L.hca_geometry("fp8", dim=128, rope=64), 128),
+    "mla_fp8": (lambda: L.mla_geometry("fp8"), 576),
+    "mla_bf16": (lambda: L.mla_geometry("bf16"), 576),
+    "idx_fp8": (lambda: L.idx_geometry("fp8"), 128),
+    "idx_bf16": (lambda: L.idx_geometry("bf16"), 128),
+}
+
+
+def _check(name, n_tok, pages):
+    make, width = GEOMS[name]
+    g = make()
+    pages = max(pages, -(-2 * n_tok // g.page_size))
+    slots = torch.randperm(pages * g.page_size)[:n_tok].to(torch.int32)
+    slots[n_tok // 3] = -1
+    # magnitudes over 12 decades, an all-zero token and a token with one huge channel
+    x = torch.randn(n_tok, width) * torch.logspace(-6, 6, n_tok)[:, None]
+    x[0] = 0
+    x[-1, 3] = 3e4
+    x = x.to(torch.bfloat16)
+    pool = poison((pages, g.page_bytes), torch.uint8, "cpu")
+    ref = pool.clone()
+    keep = slots >= 0
+    R.pool_store(ref, g, slots[keep], x[keep])
+    got = pool.to(DEV)
+    kv_store(got, g, slots.to(DEV), x.to(DEV))
+    assert torch.equal(got.cpu(), ref), f"{name}: {(got.cpu() != ref).sum().item()} bytes differ"
+    back = R.pool_gather(got.cpu(), g, slots[keep])
+    tol = 0.04 if g.layout.is_fp8 else 0.0
+    assert rel(back, x[keep].float()) <= tol
+
+
+@pytest.mark.parametrize("name", list(GEOMS))
+def test_kv_store_tiny(name):
+    _check(name, 19, 2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(GEOMS))
+def test_kv_store_full(name):
+    _check(name, 4097, 24)
+
+
+def test_layout_constants():
+    assert L.hca_geometry("fp8").bytes_per_token == 584 and L.hca_geometry("fp8").page_bytes == 149_760
+    assert L.hca_geometry("fp8", page_size=2).page_bytes == 1_728
+    assert L.mla_geometry("fp8").bytes_per_token == 656
+    assert L.idx_geometry("fp8").bytes_per_token == 132
+    assert L.hca_geometry("bf16").bytes_per_token == 1024 and L.mla_geometry("bf16").bytes_per_token == 1152
+
+
+def test_kv_store_rejects_bad_shapes():
+    g = L.hca_geometry("bf16")
+    pool = torch.zeros(1, g.page_bytes, dtype=torch.uint8)
+    with pytest.raises(ValueError, match="expected \\[N, 512\\]"):
+        kv_store(pool, g, torch.zeros(2, dtype=torch.int32), torch.zeros(2, 576))
+    with pytest.raises(ValueError, match="uint8 pool"):
+        kv_store(pool[:, :100], g, torch.zeros(2, dtype=torch.int32), torch.zeros(2, 512))

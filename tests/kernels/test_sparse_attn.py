@@ -1,0 +1,153 @@
+"""sparse_mqa_attention (HCA window + compressed + sink; MLA-DSA absorbed) vs the reference over the
+same pools; HCA decode and extend over ragged requests; FlashMLA on the same cache where it runs."""
+
+import pytest
+import torch
+from kutil import DEV, PagedRequests, filled_pool, poison, rel
+from sglang_ernie55.kernels import layout as L
+from sglang_ernie55.kernels.sparse_attn import Scope, flashmla_sparse_attention, sparse_mqa_attention
+
+from sglang_ernie55.reference import functional as F
+from sglang_ernie55.reference import kernels_ref as R
+
+TOL = {"fp8": 2e-2, "bf16": 2e-2}  # bf16 q / p operands and a bf16 output
+
+
+def _hca_case(
+    kv, seq_lens, queries_per_req, H, num_splits=None, dim=512, rope=64, check_mask_ref=False, **kw
+):
+    torch.manual_seed(0)
+    reqs = PagedRequests(seq_lens)
+    g = L.hca_geometry(kv, dim=dim, rope=rope)
+    gc = L.hca_geometry(kv, dim=dim, rope=rope, page_size=L.HCA_CMP_PER_PAGE)
+    win_pool, win_x = filled_pool(g, reqs.num_pages, dim)
+    cmp_pool, cmp_x = filled_pool(gc, reqs.num_pages, dim)
+    queries = [(r, p) for r, L_ in enumerate(seq_lens) for p in range(max(0, L_ - queries_per_req), L_)]
+    (wi, wl), (ci, cl) = reqs.hca_indices(queries)
+    T = len(queries)
+    q = torch.randn(T, H, dim, device=DEV).to(torch.bfloat16)
+    sink = torch.randn(H, device=DEV)
+    out = poison((T, H, dim), torch.bfloat16)
+    main, extra = Scope(win_pool, g, wi, wl), Scope(cmp_pool, gc, ci, cl)
+    o, lse = sparse_mqa_attention(q, main, extra, sm_scale=dim**-0.5, d_v=dim, sink=sink, out=out,
+                                  num_splits=num_splits, **kw)  # fmt: skip
+    assert o.data_ptr() == out.data_ptr() and not torch.isnan(o).any()
+    ref = R.sparse_attention(q.cpu(), [(win_pool.cpu(), g, wi.cpu(), wl.cpu()), (cmp_pool.cpu(), gc, ci.cpu(), cl.cpu())],
+                             sink.cpu(), dim**-0.5, dim)  # fmt: skip
+    assert rel(o.cpu(), ref) < TOL[kv], rel(o.cpu(), ref)
+    if check_mask_ref:  # the index lists themselves against functional.hca_visible_mask, per request
+        for r, Lr in enumerate(seq_lens):
+            rows = [i for i, (rr, _) in enumerate(queries) if rr == r]
+            qpos = torch.tensor([queries[i][1] for i in rows])
+            kv_all = R.pool_gather(win_pool.cpu(), g, torch.tensor(reqs.token_slots(r, 0, Lr)))
+            ncmp = Lr // L.HCA_COMPRESS_RATIO
+            cmp_all = R.pool_gather(cmp_pool.cpu(), gc, torch.tensor([reqs.cmp_slot(r, j) for j in range(ncmp)],
+                                                                      dtype=torch.long))  # fmt: skip
+            raw, cm = F.hca_visible_mask(qpos, torch.arange(Lr), ncmp, L.HCA_WINDOW, L.HCA_COMPRESS_RATIO)
+            ref2 = F.sink_attention(q[rows].cpu(), torch.cat([kv_all, cmp_all]), torch.cat([raw, cm], 1), sink.cpu(),
+                                    dim**-0.5)  # fmt: skip
+            assert rel(o[rows].cpu(), ref2) < TOL[kv]
+    return o, lse, (q, main, extra, sink)
+
+
+@pytest.mark.parametrize("kv", ["fp8", "bf16"])
+@pytest.mark.parametrize("splits", [1, 3])
+def test_hca_decode_tiny(kv, splits):
+    # lengths around the window / block: 1, 127, 129, 257 (2 compressed entries); 4 heads (padded to 16)
+    _hca_case(kv, [1, 127, 129, 257], 1, H=4, num_splits=splits, check_mask_ref=True)
+
+
+def test_hca_extend_tiny_dims():
+    # tiny head dims (128 = 64 fp8 + 64 bf16 rope), a chunk of 3 queries per request
+    _hca_case("fp8", [19, 130], 3, H=2, dim=128, rope=64, num_splits=2)
+
+
+@pytest.mark.parametrize("kv", ["fp8", "bf16"])
+def test_mla_decode_tiny(kv):
+    torch.manual_seed(1)
+    g = L.mla_geometry(kv)
+    reqs = PagedRequests([1, 97, 300])
+    pool, _ = filled_pool(g, reqs.num_pages, 576)
+    queries = [(0, 0), (1, 96), (2, 299)]
+    idx, ln = reqs.mla_indices(queries)
+    idx[2, 5] = -1  # a hole inside the list is skipped
+    q = torch.randn(3, 16, 576, device=DEV).to(torch.bfloat16)
+    o, _ = sparse_mqa_attention(q, Scope(pool, g, idx, ln), sm_scale=192**-0.5, d_v=512, num_splits=2)
+    ref = R.sparse_attention(q.cpu(), [(pool.cpu(), g, idx.cpu(), ln.cpu())], None, 192**-0.5, 512)
+    assert rel(o.cpu(), ref) < TOL[kv]
+
+
+def test_sparse_attn_rejects_bad_shapes():
+    g = L.hca_geometry("bf16")
+    pool = torch.zeros(1, g.page_bytes, dtype=torch.uint8)
+    idx = torch.zeros(2, 4, dtype=torch.int32)
+    with pytest.raises(ValueError, match="q: expected"):
+        sparse_mqa_attention(
+            torch.zeros(2, 4, 576, dtype=torch.bfloat16), Scope(pool, g, idx), sm_scale=1.0, d_v=512
+        )
+    with pytest.raises(ValueError, match="indices: int32"):
+        sparse_mqa_attention(torch.zeros(2, 4, 512, dtype=torch.bfloat16), Scope(pool, g, idx.long()), sm_scale=1.0,
+                             d_v=512)  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- full size (GPU)
+
+RAGGED = [1, 19, 97, 127, 128, 129, 255, 256, 257, 511, 513, 3001]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kv", ["fp8", "bf16"])
+def test_hca_decode_full(kv):
+    _hca_case(kv, RAGGED, 1, H=64, check_mask_ref=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kv", ["fp8", "bf16"])
+def test_hca_extend_full(kv):
+    _hca_case(kv, [129, 300, 1000], 40, H=64, check_mask_ref=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kv", ["fp8", "bf16"])
+def test_hca_decode_long(kv):
+    _hca_case(kv, [20000, 4097], 1, H=64)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("H", [64, 128])
+def test_hca_flashmla_same_cache(H):
+    pytest.importorskip("flash_mla")
+    o, _, (q, main, extra, sink) = _hca_case("fp8", RAGGED, 1, H=H)
+    fo, _ = flashmla_sparse_attention(q, main, extra, sm_scale=512**-0.5, d_v=512, sink=sink)
+    assert rel(fo.float(), o.float()) < 1e-2, rel(fo.float(), o.float())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kv", ["fp8", "bf16"])
+def test_mla_sparse_full(kv):
+    torch.manual_seed(2)
+    g = L.mla_geometry(kv)
+    reqs = PagedRequests([1, 97, 2048, 2049, 5000])
+    pool, _ = filled_pool(g, reqs.num_pages, 576)
+    topk = 2048
+    queries = [(r, s - 1) for r, s in enumerate(reqs.seq_lens)]
+    rows = []
+    for r, p in queries:
+        sel = torch.randperm(p + 1)[:topk].tolist()
+        rows.append([reqs.slot(r, s) for s in sel])
+    idx = torch.full((len(rows), topk), -1, dtype=torch.int32)
+    for i, r in enumerate(rows):
+        idx[i, : len(r)] = torch.tensor(r, dtype=torch.int32)
+    ln = torch.tensor([len(r) for r in rows], dtype=torch.int32)
+    idx, ln = idx.to(DEV), ln.to(DEV)
+    q = torch.randn(len(rows), 128, 576, device=DEV).to(torch.bfloat16)
+    o, _ = sparse_mqa_attention(q, Scope(pool, g, idx, ln), sm_scale=192**-0.5, d_v=512)
+    ref = R.sparse_attention(q.cpu(), [(pool.cpu(), g, idx.cpu(), ln.cpu())], None, 192**-0.5, 512)
+    assert rel(o.cpu(), ref) < TOL[kv]
+    if kv == "fp8":
+        try:
+            import flash_mla  # noqa: F401
+        except ImportError:
+            return
+        fo, _ = flashmla_sparse_attention(q, Scope(pool, g, idx, ln), sm_scale=192**-0.5, d_v=512)
+        assert rel(fo.float(), o.float()) < 1e-2, rel(fo.float(), o.float())
