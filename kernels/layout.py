@@ -71,7 +71,7 @@ FP8_AMAX_EPS = 1e-8
 FP8_DTYPE = torch.float8_e4m3fn
 
 
-class KVLayout(str, enum.Enum):
+class KVLayout(enum.StrEnum):
     HCA_FP8 = "hca_fp8"
     HCA_BF16 = "hca_bf16"
     MLA_FP8 = "mla_fp8"
