@@ -34,7 +34,14 @@ def test_multi_node_fills_node_flags(cli):
     assert len(cmds) == 2
     for rank, argv in enumerate(cmds):
         i = argv.index("--nnodes")
-        assert argv[i : i + 6] == ["--nnodes", "2", "--node-rank", str(rank), "--dist-init-addr", "10.1.2.3:5000"]
+        assert argv[i : i + 6] == [
+            "--nnodes",
+            "2",
+            "--node-rank",
+            str(rank),
+            "--dist-init-addr",
+            "10.1.2.3:5000",
+        ]
         assert argv[argv.index("--tp-size") + 1] == "16"
 
 
@@ -49,7 +56,11 @@ def test_multi_node_placeholder_warns(cli):
 def test_unknown_combination_lists_what_exists(cli):
     rc, out, err = cli("cmd", "--hardware", "a100", "--precision", "fp4", "--strategy", "fast")
     assert rc == 2 and out == ""
-    assert "unknown hardware 'a100'" in err and "unknown precision 'fp4'" in err and "unknown strategy 'fast'" in err
+    assert (
+        "unknown hardware 'a100'" in err
+        and "unknown precision 'fp4'" in err
+        and "unknown strategy 'fast'" in err
+    )
     assert err.count("\n") >= len(load_cells())  # the table of every cell
     assert "h100     bf16      high-throughput" in err
 
@@ -69,7 +80,9 @@ def test_host_warning_and_port(cli):
 
 
 def test_json_output_and_env(cli):
-    rc, out, _ = cli("cmd", "--hardware", "b300", "--precision", "bf16", "--strategy", "low-latency", "--json")
+    rc, out, _ = cli(
+        "cmd", "--hardware", "b300", "--precision", "bf16", "--strategy", "low-latency", "--json"
+    )
     assert rc == 0
     d = json.loads(out)
     assert d["cell"] == "b300-bf16-low-latency" and d["model"] == "baidu/ERNIE-5.5-Flash-Base-BF16"

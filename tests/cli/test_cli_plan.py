@@ -60,7 +60,12 @@ def test_kv_bytes_per_token():
     fp8 = M.kv_bytes_per_token(FULL, "fp8_e4m3")
     assert fp8 == {"mla": 656, "indexer": 132, "hca_window": 584, "hca_compressed": 584}
     bf16 = M.kv_bytes_per_token(FULL, "bfloat16")
-    assert bf16 == {"mla": 2 * (512 + 64), "indexer": 2 * 128, "hca_window": 2 * 512, "hca_compressed": 2 * 512}
+    assert bf16 == {
+        "mla": 2 * (512 + 64),
+        "indexer": 2 * 128,
+        "hca_window": 2 * 512,
+        "hca_compressed": 2 * 512,
+    }
     per = M.pool_bytes_per_token(FULL, "fp8_e4m3", speculative=False, swa_ratio=0.1)
     assert per["full"] == pytest.approx(6 * (656 + 132) + 37 * 584 / 128)
     assert per["swa"] == 37 * 584

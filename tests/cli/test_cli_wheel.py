@@ -1,0 +1,53 @@
+"""The built wheel carries every hardware cell as package data, and `cmd` reads them from an installed
+wheel (importlib.resources), not from the source tree."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from sglang_ernie55.cli.cells import cell_files
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("wheel-cells")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out), str(ROOT)],
+        check=True, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    (whl,) = out.glob("sglang_ernie55-*.whl")
+    return whl
+
+
+def test_wheel_contains_every_cell(wheel):
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assert "sglang_ernie55/cells/__init__.py" in names
+    shipped = {
+        n.rsplit("/", 1)[1].removesuffix(".toml")
+        for n in names
+        if n.startswith("sglang_ernie55/cells/cells/")
+    }
+    assert shipped == set(cell_files()) and len(shipped) == 48
+
+
+def test_installed_wheel_reads_its_cells(wheel, tmp_path):
+    target = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target), str(wheel)],
+                   check=True, capture_output=True, text=True, timeout=300)  # fmt: skip
+    code = (
+        f"import sys; sys.path.insert(0, {str(target)!r}); import sglang_ernie55.cli.cells as c; "
+        f"assert c.__file__.startswith({str(target)!r}), c.__file__; "
+        "cell = c.find_cell('h100', 'bf16', 'high-throughput'); print(len(c.load_cells()), cell.shell_command())"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.startswith("48 sglang serve --model-path baidu/ERNIE-5.5-Flash-Base-BF16 --tp-size 16")
