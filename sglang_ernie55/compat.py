@@ -50,6 +50,23 @@ REQUIRED_SYMBOLS: list[tuple[str, str, tuple[str, ...] | None]] = [
         ("request",),
     ),
     ("sglang.srt.entrypoints.openai.serving_chat", "OpenAIServingChat._validate_request", ("request",)),
+    # model, ernie55 backend and KV pool (sglang_ernie55/{models,attention,mem_cache}; docs/serving-design.md)
+    ("sglang.srt.model_executor.pool_configurator", "create_memory_pool_configurator", ("kvc",)),
+    ("sglang.srt.model_executor.pool_configurator", "MemoryPoolConfigurator.calculate_pool_sizes",
+     ("available_bytes", "page_size")),
+    (
+        "sglang.srt.mem_cache.kv_cache_configurator",
+        "KVCacheConfigurator._build_token_to_kv_pool",
+        ("sizes", "is_dsa_model", "is_dsv4_model", "req_to_token_pool"),
+    ),
+    ("sglang.srt.mem_cache.memory_pool", "KVCache.__init__",
+     ("size", "page_size", "dtype", "layer_num", "device", "enable_memory_saver", "start_layer", "end_layer")),
+    ("sglang.srt.layers.attention.attention_registry", "register_attention_backend", ("name",)),
+    ("sglang.srt.layers.attention.base_attn_backend", "AttentionBackend.init_forward_metadata_out_graph",
+     ("forward_batch", "in_capture")),
+    ("sglang.srt.layers.radix_attention", "RadixAttention.forward", ("q", "k", "v", "forward_batch")),
+    ("sglang.srt.model_executor.forward_context", "ForwardContext", None),
+    ("sglang.srt.layers.moe.topk", "StandardTopKOutput", ("topk_weights", "topk_ids", "router_logits")),
 ]
 
 

@@ -1,17 +1,228 @@
-"""ERNIE-5.5-Flash main model for SGLang (`Ernie5_5_MoeForCausalLM`)."""
+"""ERNIE-5.5-Flash main model for SGLang (`Ernie5_5_MoeForCausalLM`).
 
+Reading order: decoder layer (mHC sites around HCA / MLA-DSA attention and the dense / latent-MoE
+FFN), model (embedding -> streams -> layers -> hc_head -> norm), `Ernie5_5_MoeForCausalLM` with the
+strict loader. Attention math runs in the `ernie55` backend (docs/serving-design.md).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Iterable
+
+import torch
+from sglang.srt.layers.layernorm import RMSNorm
+from sglang.srt.layers.logits_processor import LogitsProcessor
+from sglang.srt.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
 from torch import nn
+
+from ..configuration import LAYER_HCA, Ernie55Config
+from ..layers.attention import Ernie55HCAAttention, Ernie55MLADSAAttention, RopeTable, norm_fp32
+from ..layers.linear import dequantize_fp8_block
+from ..layers.mhc import HyperConnection, HyperHead
+from ..layers.moe import Ernie55LatentMoE, Ernie55SwiGLU
+
+
+class Ernie55WeightError(ValueError):
+    """A checkpoint that does not match the model: the message lists every offending tensor."""
+
+
+class Ernie55DecoderLayer(nn.Module):
+    def __init__(
+        self, config: Ernie55Config, layer_id: int, rope: RopeTable, quant_config=None, prefix: str = ""
+    ):
+        super().__init__()
+        n, H = config.hc_mult, config.hidden_size
+        hc = dict(hc_eps=config.hc_eps, iters=config.hc_sinkhorn_iters, rms_eps=config.rms_norm_eps)
+        self.kind = config.layer_types[layer_id]
+        self.attn_hc = HyperConnection(n, H, **hc)
+        self.ffn_hc = HyperConnection(n, H, **hc)
+        self.input_layernorm = RMSNorm(H, eps=config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(H, eps=config.rms_norm_eps)
+        attn_cls = Ernie55HCAAttention if self.kind == LAYER_HCA else Ernie55MLADSAAttention
+        self.self_attn = attn_cls(config, layer_id, rope, quant_config, f"{prefix}.self_attn")
+        if config.is_moe_layer(layer_id):
+            self.mlp = Ernie55LatentMoE(config, layer_id, quant_config, f"{prefix}.mlp")
+        else:
+            self.mlp = Ernie55SwiGLU(H, config.intermediate_size, quant_config, f"{prefix}.mlp")
+
+    def forward(
+        self, positions: torch.Tensor, R: torch.Tensor, forward_batch, dtype: torch.dtype
+    ) -> torch.Tensor:
+        """R [T, n, H] fp32 streams -> R' (fp32)."""
+        y, post, C = self.attn_hc.pre(R)
+        a = self.self_attn(norm_fp32(self.input_layernorm, y).to(dtype), positions, forward_batch)
+        R = self.attn_hc.post(a, R, post, C)
+        y, post, C = self.ffn_hc.pre(R)
+        f = self.mlp(norm_fp32(self.post_attention_layernorm, y).to(dtype))
+        return self.ffn_hc.post(f, R, post, C)
+
+
+class Ernie55Model(nn.Module):
+    def __init__(self, config: Ernie55Config, quant_config=None, prefix: str = "model"):
+        super().__init__()
+        self.config = config
+        self.n = config.hc_mult
+        self.embed_tokens = VocabParallelEmbedding(
+            config.vocab_size, config.hidden_size, prefix=f"{prefix}.embed_tokens"
+        )
+        self.rope = RopeTable(config)
+        self.layers = nn.ModuleList(
+            Ernie55DecoderLayer(config, i, self.rope, quant_config, f"{prefix}.layers.{i}")
+            for i in range(config.num_hidden_layers)
+        )
+        self.hc_head = HyperHead(
+            self.n, config.hidden_size, hc_eps=config.hc_eps, rms_eps=config.rms_norm_eps
+        )
+        self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.start_layer, self.end_layer = 0, config.num_hidden_layers
+
+    def forward(self, input_ids, positions, forward_batch, input_embeds=None):
+        h = self.embed_tokens(input_ids) if input_embeds is None else input_embeds
+        dtype = h.dtype
+        R = h.float()[:, None, :].expand(-1, self.n, -1).contiguous()
+        for layer in self.layers:
+            R = layer(positions, R, forward_batch, dtype)
+        hidden = norm_fp32(self.norm, self.hc_head(R)).to(dtype)
+        return hidden, R
 
 
 class Ernie5_5_MoeForCausalLM(nn.Module):
-    """Placeholder until the serving model lands: registration is real, construction is not yet."""
+    """SGLang EntryClass for `Ernie5_5_MoeForCausalLM` (BF16 or FP8 128x128 checkpoints)."""
 
-    def __init__(self, config, quant_config=None, prefix: str = "") -> None:
+    # Checkpoint tensors this class deliberately leaves to another model (the ECHO draft).
+    _SKIP_PREFIXES = ("echo.",)
+    # Checkpoint-name rewrite for routed experts: `experts.{e}.{gate,up,down}_proj.` -> FusedMoE params.
+    _EXPERT_RE = re.compile(r"\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.(weight(?:_scale_inv)?)$")
+    _EXPERT_SHARD = {"gate_proj": ("w13", "w1"), "up_proj": ("w13", "w3"), "down_proj": ("w2", "w2")}
+    _SCALE_SUFFIX = "_scale_inv"
+
+    def __init__(self, config: Ernie55Config, quant_config=None, prefix: str = "") -> None:
         super().__init__()
-        raise NotImplementedError(
-            "sglang-ernie55: the SGLang model class Ernie5_5_MoeForCausalLM is not implemented in this "
-            "version yet (config, reference model and tooling are); see the project's issue on serving"
-        )
+        from sglang.srt.distributed.parallel_state import get_pp_group
+
+        if get_pp_group().world_size > 1:
+            raise NotImplementedError("sglang-ernie55: pipeline parallelism is not supported yet")
+        self.config = config
+        self.quant_config = quant_config
+        self.model = Ernie55Model(config, quant_config, "model")
+        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, prefix="lm_head")
+        self.logits_processor = LogitsProcessor(config)
+
+    @property
+    def start_layer(self) -> int:
+        return self.model.start_layer
+
+    @property
+    def end_layer(self) -> int:
+        return self.model.end_layer
+
+    def get_embed_and_head(self):
+        return self.model.embed_tokens.weight, self.lm_head.weight
+
+    @torch.no_grad()
+    def forward(
+        self, input_ids, positions, forward_batch, input_embeds=None, pp_proxy_tensors=None, **kwargs
+    ):
+        hidden, _streams = self.model(input_ids, positions, forward_batch, input_embeds)
+        return self.logits_processor(input_ids, hidden, self.lm_head, forward_batch)
+
+    # ------------------------------------------------------------------------------------ weights
+    def checkpoint_to_param(self, name: str) -> tuple[str, tuple | None]:
+        """Checkpoint tensor name -> (parameter name, FusedMoE (shard_id, expert_id) or None)."""
+        m = self._EXPERT_RE.search(name)
+        if m:
+            e, proj, leaf = m.groups()
+            group, shard = self._EXPERT_SHARD[proj]
+            return name[: m.start()] + f".experts.{group}_{leaf}", (shard, int(e))
+        return name, None
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """Strict: every checkpoint tensor must be expected with its exact shape, every expected tensor
+        present exactly once, every parameter loaded; else Ernie55WeightError naming them all."""
+        from ..checkpoint.spec import KIND_FP8, expected_tensors, scale_shape
+
+        spec = expected_tensors(self.config)
+        fp8 = self.quant_config is not None
+        want: dict[str, tuple] = {}
+        for n, (shape, kind) in spec.items():
+            want[n] = shape
+            if fp8 and kind == KIND_FP8:
+                want[n + self._SCALE_SUFFIX] = scale_shape(shape)
+        params = dict(self.named_parameters())
+        loads: Counter[str] = Counter()
+        seen: set[str] = set()
+        pending: dict[str, dict[str, torch.Tensor]] = {}  # dequantize-on-load pairs, by weight name
+        errors: list[str] = []
+
+        def put(ckpt_name: str, tensor: torch.Tensor) -> None:
+            pname, moe = self.checkpoint_to_param(ckpt_name)
+            param = params.get(pname)
+            if param is None:
+                errors.append(f"no parameter for checkpoint tensor {ckpt_name} (looked for {pname})")
+                return
+            loader = getattr(param, "weight_loader", None)
+            if moe is not None:
+                shard, e = moe
+                loader(param, tensor, pname, shard_id=shard, expert_id=e)
+            elif loader is not None:
+                loader(param, tensor)
+            else:
+                if tuple(param.shape) != tuple(tensor.shape):
+                    errors.append(
+                        f"{ckpt_name}: checkpoint {tuple(tensor.shape)} vs parameter {tuple(param.shape)}"
+                    )
+                    return
+                param.data.copy_(tensor.to(param.dtype))
+            loads[pname] += 1
+
+        for name, tensor in weights:
+            if name in seen:
+                errors.append(f"duplicate checkpoint tensor {name}")
+                continue
+            seen.add(name)
+            if name not in want:
+                errors.append(f"unexpected checkpoint tensor {name} {tuple(tensor.shape)}")
+                continue
+            if tuple(tensor.shape) != tuple(want[name]):
+                errors.append(
+                    f"mis-shaped checkpoint tensor {name}: {tuple(tensor.shape)}, expected {tuple(want[name])}"
+                )
+                continue
+            if name.startswith(self._SKIP_PREFIXES):
+                continue
+            is_scale = name.endswith(self._SCALE_SUFFIX)
+            wname = name[: -len(self._SCALE_SUFFIX)] if is_scale else name
+            if fp8 and (is_scale or tensor.dtype == torch.float8_e4m3fn):
+                scale_pname, _ = self.checkpoint_to_param(wname + self._SCALE_SUFFIX)
+                if scale_pname in params:  # SGLang's FP8 block method owns this layer: load as stored
+                    put(name, tensor)
+                    continue
+                slot = pending.setdefault(wname, {})  # dequantize once weight and scale are both here
+                slot["s" if is_scale else "w"] = tensor
+                if len(slot) == 2:
+                    pname_w, _ = self.checkpoint_to_param(wname)
+                    dtype = params[pname_w].dtype if pname_w in params else torch.bfloat16
+                    put(wname, dequantize_fp8_block(slot["w"], slot["s"], dtype))
+                    del pending[wname]
+                continue
+            put(name, tensor)
+
+        missing = sorted(set(want) - seen)
+        errors += [f"missing checkpoint tensor {n}" for n in missing]
+        errors += [
+            f"FP8 weight {n} came without its partner (weight / {self._SCALE_SUFFIX})"
+            for n in sorted(pending)
+        ]
+        errors += [f"parameter {p} was never loaded" for p in params if loads[p] == 0]
+        if errors:
+            head = "\n  ".join(errors[:50])
+            more = f"\n  ... and {len(errors) - 50} more" if len(errors) > 50 else ""
+            raise Ernie55WeightError(
+                f"ERNIE-5.5 checkpoint does not match the model ({len(errors)} problems):\n  {head}{more}"
+            )
+        return set(params)
 
 
 EntryClass = [Ernie5_5_MoeForCausalLM]

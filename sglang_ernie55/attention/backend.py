@@ -1,0 +1,254 @@
+"""The `ernie55` attention backend, stage 1: a torch twin over `Ernie55TokenToKVPool`.
+
+Extend (prefill, chunked prefill, prefix hits, mixed batches) runs per request in eager torch;
+decode is one fixed-shape program over the whole batch (masks, scratch rows for padded rows), so
+SGLang's decode CUDA graphs capture it. The math is the reference's (sglang_ernie55.reference):
+HCA = raw window + compressed blocks + per-head sink (K = V); MLA-DSA = absorbed MLA over the
+top-`index_topk` keys of the lightning indexer (ties to the earlier position).
+
+Per-layer inputs come from the model through `RadixAttention(**kwargs)` (see
+sglang_ernie55.layers.attention). Helper-4's Triton kernels replace `_hca_*` / `_mla_*` in stage 2.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
+
+from ..mem_cache.pool import Ernie55TokenToKVPool
+from ..reference import functional as Fn
+
+QUERY_CHUNK = 1024  # extend queries per attention block (bounds the [q, h, keys] logits)
+
+
+@dataclass
+class ExtendMeta:
+    req: list[int]
+    prefix: list[int]
+    extend: list[int]
+
+
+@dataclass
+class DecodeMeta:
+    width: int  # key positions gathered per request (static under CUDA graphs)
+
+
+class Ernie55AttnBackend(AttentionBackend):
+    def __init__(self, model_runner) -> None:
+        super().__init__()
+        pool = model_runner.token_to_kv_pool
+        if not isinstance(pool, Ernie55TokenToKVPool):
+            raise TypeError(
+                f"the ernie55 attention backend serves ERNIE-5.5 only; its KV pool is {type(pool).__name__}, "
+                "expected Ernie55TokenToKVPool (is sglang_ernie55.mem_cache.register() active?)"
+            )
+        cfg = model_runner.model_config.hf_config
+        self.pool = pool
+        self.req_to_token = model_runner.req_to_token_pool.req_to_token
+        self.max_ctx = self.req_to_token.shape[1]
+        self.page_size = pool.page_size
+        self.W, self.ratio, self.topk = cfg.window_size, cfg.compress_ratio, cfg.index_topk
+        self.meta: ExtendMeta | DecodeMeta | None = None
+
+    # ------------------------------------------------------------------ metadata
+    def _round_width(self, n: int) -> int:
+        return min(self.max_ctx, -(-max(n, 1) // self.ratio) * self.ratio)
+
+    def init_forward_metadata(self, forward_batch) -> None:
+        mode = forward_batch.forward_mode
+        if mode.is_decode_or_idle():
+            lens = forward_batch.seq_lens_cpu
+            width = int(lens.max()) if lens is not None and len(lens) else self.max_ctx
+            self.meta = DecodeMeta(self._round_width(width))
+        elif mode.is_extend():
+            self.meta = ExtendMeta(
+                req=forward_batch.req_pool_indices.tolist(),
+                prefix=list(forward_batch.extend_prefix_lens_cpu),
+                extend=list(forward_batch.extend_seq_lens_cpu),
+            )
+        else:
+            raise NotImplementedError(
+                f"ernie55 backend: forward mode {mode} (speculative decoding is a later stage)"
+            )
+
+    # CUDA graphs (decode): every op reads the runner's static buffers; the gather width is the full context.
+    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
+        self.graph_width = self.max_ctx
+
+    def init_forward_metadata_out_graph(self, forward_batch, in_capture: bool = False) -> None:
+        if not forward_batch.forward_mode.is_decode_or_idle():
+            raise NotImplementedError("ernie55 backend: CUDA graphs cover decode only")
+        self.meta = DecodeMeta(self.max_ctx)
+
+    def init_forward_metadata_in_graph(self, forward_batch) -> None:
+        pass
+
+    def get_cuda_graph_seq_len_fill_value(self) -> int:
+        return 1
+
+    # ------------------------------------------------------------------ entry points
+    def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache: bool = True, **kw):
+        if kw.get("ernie_kind") == "hca":
+            return self._hca_extend(q, k.view(-1, k.shape[-1]), kw["cs"], kw["compressor"], kw["attn_sink"],
+                                    layer, forward_batch)  # fmt: skip
+        return self._mla_extend(q, k.view(-1, k.shape[-1]), kw["index_q"], kw["index_w"], kw["index_k"], layer,
+                                forward_batch)  # fmt: skip
+
+    def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache: bool = True, **kw):
+        if kw.get("ernie_kind") == "hca":
+            return self._hca_decode(q, k.view(-1, k.shape[-1]), kw["cs"], kw["compressor"], kw["attn_sink"],
+                                    layer, forward_batch)  # fmt: skip
+        return self._mla_decode(q, k.view(-1, k.shape[-1]), kw["index_q"], kw["index_w"], kw["index_k"], layer,
+                                forward_batch)  # fmt: skip
+
+    # ------------------------------------------------------------------ HCA
+    def _cmp_slots(self, req: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
+        """Compressed-entry slot of block(s) `blocks` of request slot(s) `req`: loc of the block's first token // ratio."""
+        return torch.div(self.req_to_token[req, blocks * self.ratio], self.ratio, rounding_mode="floor")
+
+    def _hca_extend(self, q, kv, cs, compressor, sink, layer, fb):
+        pool, lid, ratio, W = self.pool, layer.layer_id, self.ratio, self.W
+        win, cmp, state = pool.win[lid], pool.cmp[lid], pool.state[lid]
+        loc = fb.out_cache_loc
+        win.write(loc, kv)
+        out = torch.empty(q.shape[0], q.shape[1], q.shape[2], dtype=torch.float32, device=q.device)
+        m, off = self.meta, 0
+        for req, P, E in zip(m.req, m.prefix, m.extend):
+            L = P + E
+            # 1. open-block rows + new rows -> complete blocks -> compressed entries; new open block -> state
+            start = (P // ratio) * ratio
+            rows = torch.cat([state[req, : P - start], cs[off : off + E]], 0)
+            b0, b1 = P // ratio, L // ratio
+            if b1 > b0:
+                blk = rows[: (b1 - b0) * ratio].view(b1 - b0, ratio, -1)
+                bidx = torch.arange(b0, b1, device=q.device)
+                cmp.write(self._cmp_slots(torch.full_like(bidx, req), bidx), compressor.compress(blk, bidx))
+            tail = L % ratio
+            if tail and L - tail >= start:
+                state[req, :tail] = rows[rows.shape[0] - tail :]
+            # 2. attention: raw window keys (from max(0, P-W+1)) + every complete block's entry
+            ks = max(0, P - W + 1)
+            keys_raw = win.read(self.req_to_token[req, ks:L])
+            kpos = torch.arange(ks, L, device=q.device)
+            nb = L // ratio
+            keys_cmp = cmp.read(self._cmp_slots(torch.full((nb,), req, device=q.device),
+                                                torch.arange(nb, device=q.device)))  # fmt: skip
+            keys = torch.cat([keys_raw, keys_cmp], 0)
+            for c0 in range(0, E, QUERY_CHUNK):
+                c1 = min(E, c0 + QUERY_CHUNK)
+                qpos = torch.arange(P + c0, P + c1, device=q.device)
+                d = qpos[:, None] - kpos[None, :]
+                cmp_mask = (
+                    torch.arange(nb, device=q.device)[None, :]
+                    < torch.div(qpos + 1, ratio, rounding_mode="floor")[:, None]
+                )
+                mask = torch.cat([(d >= 0) & (d < W), cmp_mask], 1)
+                out[off + c0 : off + c1] = Fn.sink_attention(
+                    q[off + c0 : off + c1], keys, mask, sink, layer.scaling
+                )
+            off += E
+        return out
+
+    def _hca_decode(self, q, kv, cs, compressor, sink, layer, fb):
+        pool, lid, ratio, W = self.pool, layer.layer_id, self.ratio, self.W
+        win, cmp, state = pool.win[lid], pool.cmp[lid], pool.state[lid]
+        loc, req, L = fb.out_cache_loc, fb.req_pool_indices, fb.seq_lens
+        B, dev = q.shape[0], q.device
+        pos = L - 1
+        valid = loc >= self.page_size  # padded graph rows write to SGLang's padding page / our scratch rows
+        win.write(loc, kv)
+        slot = torch.where(valid, req, torch.full_like(req, pool.state_scratch))
+        row = pos % ratio
+        state[slot, row] = cs
+        done = valid & (row == ratio - 1)
+        entries = compressor.compress(state[slot], torch.div(pos, ratio, rounding_mode="floor"))
+        first = (pos - (ratio - 1)).clamp(min=0)
+        cslot = torch.where(done, torch.div(self.req_to_token[req, first], ratio, rounding_mode="floor"),
+                            torch.full_like(req, pool.cmp_scratch))  # fmt: skip
+        cmp.write(cslot, entries)
+        # keys: window (W positions ending at pos) + compressed entries j < L // ratio
+        wpos = pos[:, None] - (W - 1) + torch.arange(W, device=dev)
+        wmask = wpos >= 0
+        keys_w = win.read(self.req_to_token[req[:, None], wpos.clamp(min=0)])
+        nb_max = self.meta.width // ratio
+        j = torch.arange(nb_max, device=dev)
+        cmask = j[None, :] < torch.div(L, ratio, rounding_mode="floor")[:, None]
+        cl = torch.div(
+            self.req_to_token[req[:, None], (j * ratio)[None, :].expand(B, -1)], ratio, rounding_mode="floor"
+        )
+        keys_c = cmp.read(torch.where(cmask, cl, torch.full_like(cl, pool.cmp_scratch)))
+        keys = torch.cat([keys_w, keys_c], 1)
+        mask = torch.cat([wmask, cmask], 1)
+        return _masked_sink_attention(q, keys, keys, mask, sink, layer.scaling)
+
+    # ------------------------------------------------------------------ MLA-DSA
+    def _mla_extend(self, q, kc, iq, iw, ik, layer, fb):
+        pool, lid = self.pool, layer.layer_id
+        lat, idx = pool.latent[lid], pool.index_k[lid]
+        loc = fb.out_cache_loc
+        lat.write(loc, kc)
+        idx.write(loc, ik)
+        r = layer.v_head_dim
+        out = torch.empty(q.shape[0], q.shape[1], r, dtype=torch.float32, device=q.device)
+        m, off = self.meta, 0
+        for req, P, E in zip(m.req, m.prefix, m.extend):
+            L = P + E
+            locs = self.req_to_token[req, :L]
+            keys, kI = lat.read(locs), idx.read(locs)
+            kpos = torch.arange(L, device=q.device)
+            for c0 in range(0, E, QUERY_CHUNK):
+                c1 = min(E, c0 + QUERY_CHUNK)
+                s = slice(off + c0, off + c1)
+                qpos = torch.arange(P + c0, P + c1, device=q.device)
+                sel = Fn.indexer_topk(Fn.indexer_scores(iq[s], iw[s], kI), qpos, kpos, self.topk)
+                out[s] = _masked_attention(q[s], keys, keys[:, :r], sel, layer.scaling)
+            off += E
+        return out
+
+    def _mla_decode(self, q, kc, iq, iw, ik, layer, fb):
+        pool, lid = self.pool, layer.layer_id
+        lat, idx = pool.latent[lid], pool.index_k[lid]
+        loc, req, L = fb.out_cache_loc, fb.req_pool_indices, fb.seq_lens
+        lat.write(loc, kc)
+        idx.write(loc, ik)
+        S, B, r = self.meta.width, q.shape[0], layer.v_head_dim
+        spos = torch.arange(S, device=q.device)
+        smask = spos[None, :] < L[:, None]
+        locs = self.req_to_token[req[:, None], spos[None, :].expand(B, -1)]
+        keys = torch.where(smask[..., None], lat.read(locs), 0.0)
+        kI = torch.where(smask[..., None], idx.read(locs), 0.0)
+        scores = torch.einsum(
+            "bh,bhs->bs", iw.float(), torch.relu(torch.einsum("bhd,bsd->bhs", iq.float(), kI))
+        )
+        scores = scores.masked_fill(~smask, float("-inf"))
+        if S > self.topk:
+            order = torch.sort(scores, dim=-1, descending=True, stable=True).indices[:, : self.topk]
+            sel = torch.zeros_like(smask).scatter_(1, order, True) & smask
+        else:
+            sel = smask
+        return _masked_sink_attention(q, keys, keys[..., :r], sel, None, layer.scaling)
+
+
+def _masked_attention(q, keys, values, mask, scale):
+    """q [T, h, c], keys [S, c], values [S, r], mask [T, S] -> [T, h, r] fp32 (softmax over masked keys)."""
+    logits = torch.einsum("thc,sc->ths", q.float(), keys) * scale
+    logits = logits.masked_fill(~mask[:, None, :], float("-inf"))
+    return torch.einsum("ths,sr->thr", torch.softmax(logits, -1), values)
+
+
+def _masked_sink_attention(q, keys, values, mask, sink, scale):
+    """Batched decode form: q [B, h, c], keys [B, S, c], values [B, S, r], mask [B, S], sink [h] or None."""
+    keys = torch.where(mask[..., None], keys, 0.0)
+    values = torch.where(mask[..., None], values, 0.0)
+    logits = torch.einsum("bhc,bsc->bhs", q.float(), keys) * scale
+    logits = logits.masked_fill(~mask[:, None, :], float("-inf"))
+    if sink is not None:
+        logits = torch.cat([logits, sink.float()[None, :, None].expand(logits.shape[0], -1, 1)], -1)
+    mx = logits.amax(-1, keepdim=True).clamp_min(-1e30)
+    p = torch.exp(logits - mx)
+    p = p / p.sum(-1, keepdim=True).clamp_min(1e-30)
+    if sink is not None:
+        p = p[..., :-1]
+    return torch.einsum("bhs,bsr->bhr", p, values)

@@ -1,0 +1,232 @@
+"""ERNIE-5.5 attention layers for SGLang: HCA and MLA-DSA, both through `RadixAttention`.
+
+The projections live here; the cache reads/writes, block compression and the attention itself live
+in the `ernie55` backend (`sglang_ernie55.attention`), which the layer reaches through
+`RadixAttention.forward(..., **kwargs)` with these keyword arguments:
+
+- HCA: `ernie_kind="hca"`, `cs` [T, 2D] fp32 (compressor values | scores), `compressor` (this
+  layer's `Compressor`, whose `compress(rows, block_idx)` turns complete blocks into entries),
+  `attn_sink` [h]; q [T, h, D] fp32, k = v = kv [T, D] fp32. Returns o [T, h, D] fp32.
+- MLA-DSA (absorbed): `ernie_kind="mla"`, `index_q` [T, nI, dI], `index_w` [T, nI], `index_k`
+  [T, dI] (fp32); q = [q_nope W_uk | q_pe] [T, h, r + dr], k = [latent | k_pe] [T, r + dr],
+  v = latent [T, r]. Returns o_latent [T, h, r] fp32.
+
+Heads (and HCA output groups with them) are sharded over the attention TP group; the indexer is
+replicated, as in SGLang's DeepSeek-V3.2.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from sglang.srt.layers.layernorm import RMSNorm
+from sglang.srt.layers.linear import ColumnParallelLinear, ReplicatedLinear, RowParallelLinear
+from sglang.srt.layers.radix_attention import RadixAttention
+from sglang.srt.runtime_context import get_parallel
+from torch import nn
+
+from ..reference import functional as Fn
+from ..reference.rope import apply_rope_half, apply_rope_interleaved, mla_softmax_scale, yarn_inv_freq
+from .linear import linear_quant_config
+
+
+def _add_prefix(name: str, prefix: str) -> str:
+    return f"{prefix}.{name}" if prefix else name
+
+
+def _sharded_loader(dim: int):
+    """weight_loader that takes this TP rank's slice of a full checkpoint tensor along `dim`."""
+
+    def load(param: nn.Parameter, loaded: torch.Tensor) -> None:
+        tp, rank = get_parallel().tp_size, get_parallel().tp_rank
+        n = param.shape[dim]
+        if loaded.shape[dim] != n * tp:
+            raise ValueError(f"cannot shard {tuple(loaded.shape)} over {tp} ranks into {tuple(param.shape)}")
+        param.data.copy_(loaded.narrow(dim, rank * n, n).to(param.dtype))
+
+    return load
+
+
+def norm_fp32(norm: RMSNorm, x: torch.Tensor) -> torch.Tensor:
+    """SGLang RMSNorm computed in fp32 on an fp32 (or any) input; returns fp32 (the reference's math)."""
+    return norm.forward_native(x.float())
+
+
+class RopeTable(nn.Module):
+    """One YaRN inverse-frequency table shared by every layer (ARCHITECTURE.md convention 2)."""
+
+    def __init__(self, config):
+        super().__init__()
+        inv = yarn_inv_freq(config.qk_rope_head_dim, config.rope_theta, config.rope_scaling)
+        self.register_buffer("inv_freq", inv, persistent=False)
+
+    def interleaved(self, x: torch.Tensor, pos: torch.Tensor, inverse: bool = False) -> torch.Tensor:
+        return apply_rope_interleaved(x, pos, self.inv_freq, inverse=inverse)
+
+    def half(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        return apply_rope_half(x, pos, self.inv_freq)
+
+
+class Compressor(nn.Module):
+    """HCA block compressor: `wkv_gate` (H -> [values D | scores D]), `ape` [ratio, D], `norm`."""
+
+    def __init__(self, config, rope: RopeTable, quant_config, prefix: str):
+        super().__init__()
+        H, D = config.hidden_size, config.head_dim
+        self.D, self.ratio, self.rope_dim, self.eps = (
+            D,
+            config.compress_ratio,
+            config.qk_rope_head_dim,
+            config.rms_norm_eps,
+        )
+        self.wkv_gate = ReplicatedLinear(H, 2 * D, bias=False, quant_config=linear_quant_config(quant_config, H, 2 * D),
+                                         prefix=_add_prefix("wkv_gate", prefix))  # fmt: skip
+        self.ape = nn.Parameter(torch.empty(self.ratio, D, dtype=torch.float32), requires_grad=False)
+        self.norm = RMSNorm(D, eps=config.rms_norm_eps)
+        self._rope = [rope]  # not a submodule: the table is owned by the model
+
+    def project(self, x: torch.Tensor) -> torch.Tensor:
+        return self.wkv_gate(x)[0].float()
+
+    def compress(self, rows: torch.Tensor, block_idx: torch.Tensor) -> torch.Tensor:
+        """rows [nb, ratio, 2D] fp32 (the blocks' [values | scores]), block_idx [nb] -> entries [nb, D] fp32.
+
+        Per channel softmax over the block of (score + ape[offset]), weighted sum of the values,
+        RMSNorm, RoPE (interleaved) on the last dims at position ratio * block_idx."""
+        c, s = rows[..., : self.D], rows[..., self.D :]
+        w = torch.softmax(s + self.ape[None].float(), dim=1)
+        e = Fn.rms_norm((w * c).sum(1), self.norm.weight, self.eps)
+        r = self.rope_dim
+        return torch.cat([e[:, :-r], self._rope[0].interleaved(e[:, -r:], block_idx * self.ratio)], dim=-1)
+
+
+class Ernie55HCAAttention(nn.Module):
+    """Heavily compressed attention: one shared KV head (K = V), raw window + compressed blocks + sink."""
+
+    def __init__(self, config, layer_id: int, rope: RopeTable, quant_config=None, prefix: str = ""):
+        super().__init__()
+        H, h, D, G = config.hidden_size, config.num_attention_heads, config.head_dim, config.o_groups
+        tp = get_parallel().tp_size
+        if h % tp or G % tp:
+            raise ValueError(f"HCA: attention TP {tp} must divide num_attention_heads {h} and o_groups {G}")
+        self.h, self.D, self.G, self.r = h // tp, D, G // tp, config.qk_rope_head_dim
+        self.o_lora, self.eps = config.o_lora_rank, config.rms_norm_eps
+        ql, ol = config.q_lora_rank, config.o_lora_rank
+        lq = lambda i, o: linear_quant_config(quant_config, i, o)  # noqa: E731
+        p = lambda n: _add_prefix(n, prefix)  # noqa: E731
+        self.wq_a = ReplicatedLinear(H, ql, bias=False, quant_config=lq(H, ql), prefix=p("wq_a"))
+        self.q_norm = RMSNorm(ql, eps=config.rms_norm_eps)
+        self.wq_b = ColumnParallelLinear(
+            ql, h * D, bias=False, quant_config=lq(ql, h * D // tp), prefix=p("wq_b")
+        )
+        self.wkv = ReplicatedLinear(H, D, bias=False, quant_config=lq(H, D), prefix=p("wkv"))
+        self.kv_norm = RMSNorm(D, eps=config.rms_norm_eps)
+        # Grouped einsum (not a plain GEMM): kept unquantized, FP8 checkpoints are dequantized on load.
+        self.wo_a = ColumnParallelLinear(h // G * D, G * ol, bias=False, quant_config=None, prefix=p("wo_a"))
+        self.wo_b = RowParallelLinear(
+            G * ol, H, bias=False, quant_config=lq(G * ol // tp, H), prefix=p("wo_b")
+        )
+        self.attn_sink = nn.Parameter(torch.empty(self.h, dtype=torch.float32), requires_grad=False)
+        self.attn_sink.weight_loader = _sharded_loader(0)
+        self.compressor = Compressor(config, rope, quant_config, p("compressor"))
+        self.attn = RadixAttention(self.h, D, scaling=D**-0.5, num_kv_heads=1, layer_id=layer_id, v_head_dim=D,
+                                   prefix=p("attn"))  # fmt: skip
+        self._rope = [rope]
+
+    def _rope_tail(self, x: torch.Tensor, pos: torch.Tensor, inverse: bool = False) -> torch.Tensor:
+        r = self.r
+        return torch.cat([x[..., :-r], self._rope[0].interleaved(x[..., -r:], pos, inverse)], dim=-1)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, forward_batch) -> torch.Tensor:
+        T = x.shape[0]
+        q = self.wq_b(self.q_norm(self.wq_a(x)[0]))[0].view(T, self.h, self.D).float()
+        q = self._rope_tail(Fn.rms_norm(q, None, self.eps), positions)
+        kv = self._rope_tail(norm_fp32(self.kv_norm, self.wkv(x)[0]), positions)
+        cs = self.compressor.project(x)
+        o = self.attn(q, kv, kv, forward_batch, ernie_kind="hca", cs=cs, compressor=self.compressor,
+                      attn_sink=self.attn_sink)  # fmt: skip
+        o = self._rope_tail(o.view(T, self.h, self.D).float(), positions, inverse=True)
+        og = o.reshape(T, self.G, -1)
+        wa = self.wo_a.weight.view(self.G, self.o_lora, og.shape[-1])
+        z = torch.einsum("tgk,grk->tgr", og, wa.float()).reshape(T, -1)
+        return self.wo_b(z.to(x.dtype))[0]
+
+
+class Ernie55MLADSAAttention(nn.Module):
+    """DeepSeek-V3.2 MLA + lightning indexer, absorbed form against the latent cache."""
+
+    def __init__(self, config, layer_id: int, rope: RopeTable, quant_config=None, prefix: str = ""):
+        super().__init__()
+        H, h = config.hidden_size, config.num_attention_heads
+        tp = get_parallel().tp_size
+        if h % tp:
+            raise ValueError(f"MLA-DSA: attention TP {tp} must divide num_attention_heads {h}")
+        self.h, self.dn, self.dr, self.dv, self.r = (h // tp, config.qk_nope_head_dim, config.qk_rope_head_dim,
+                                                     config.v_head_dim, config.kv_lora_rank)  # fmt: skip
+        self.nI, self.dI, self.eps = config.index_n_heads, config.index_head_dim, config.rms_norm_eps
+        ql = config.q_lora_rank
+        lq = lambda i, o: linear_quant_config(quant_config, i, o)  # noqa: E731
+        p = lambda n: _add_prefix(n, prefix)  # noqa: E731
+        qk = self.dn + self.dr
+        self.q_a_proj = ReplicatedLinear(H, ql, bias=False, quant_config=lq(H, ql), prefix=p("q_a_proj"))
+        self.q_a_layernorm = RMSNorm(ql, eps=config.rms_norm_eps)
+        self.q_b_proj = ColumnParallelLinear(ql, h * qk, bias=False, quant_config=lq(ql, h * qk // tp),
+                                             prefix=p("q_b_proj"))  # fmt: skip
+        self.kv_a_proj_with_mqa = ReplicatedLinear(H, self.r + self.dr, bias=False,
+                                                   quant_config=lq(H, self.r + self.dr), prefix=p("kv_a_proj_with_mqa"))  # fmt: skip
+        self.kv_a_layernorm = RMSNorm(self.r, eps=config.rms_norm_eps)
+        # Absorbed into the query (W_uk) and the output (W_uv): kept unquantized, dequantized on load.
+        self.kv_b_proj = ColumnParallelLinear(self.r, h * (self.dn + self.dv), bias=False, quant_config=None,
+                                              prefix=p("kv_b_proj"))  # fmt: skip
+        self.o_proj = RowParallelLinear(h * self.dv, H, bias=False, quant_config=lq(h * self.dv // tp, H),
+                                        prefix=p("o_proj"))  # fmt: skip
+        self.indexer = Indexer(config, quant_config, p("indexer"))
+        self.scale = mla_softmax_scale(qk, config.rope_scaling)
+        self.attn = RadixAttention(self.h, self.r + self.dr, scaling=self.scale, num_kv_heads=1, layer_id=layer_id,
+                                   v_head_dim=self.r, prefix=p("attn"))  # fmt: skip
+        self._rope = [rope]
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, forward_batch) -> torch.Tensor:
+        T, rope = x.shape[0], self._rope[0]
+        q_lat = self.q_a_layernorm(self.q_a_proj(x)[0])
+        q = self.q_b_proj(q_lat)[0].view(T, self.h, self.dn + self.dr).float()
+        q_pe = rope.interleaved(q[..., self.dn :], positions)
+        kv_a = self.kv_a_proj_with_mqa(x)[0].float()
+        latent = norm_fp32(self.kv_a_layernorm, kv_a[:, : self.r])
+        k_pe = rope.interleaved(kv_a[:, self.r :], positions)
+        w = self.kv_b_proj.weight.view(self.h, self.dn + self.dv, self.r).float()
+        q_abs = torch.einsum("thd,hdr->thr", q[..., : self.dn], w[:, : self.dn])
+        iq, iw, ik = self.indexer(x, q_lat, positions, rope)
+        o_lat = self.attn(torch.cat([q_abs, q_pe], -1), torch.cat([latent, k_pe], -1), latent.contiguous(),
+                          forward_batch, ernie_kind="mla", index_q=iq, index_w=iw, index_k=ik)  # fmt: skip
+        o = torch.einsum("thr,hdr->thd", o_lat.view(T, self.h, self.r).float(), w[:, self.dn :])
+        return self.o_proj(o.reshape(T, -1).to(x.dtype))[0]
+
+
+class Indexer(nn.Module):
+    """Lightning indexer (replicated over TP): wq_b (from the query latent), wk + LayerNorm, weights_proj."""
+
+    def __init__(self, config, quant_config, prefix: str):
+        super().__init__()
+        H, ql = config.hidden_size, config.q_lora_rank
+        self.n, self.d, self.dr = config.index_n_heads, config.index_head_dim, config.qk_rope_head_dim
+        lq = lambda i, o: linear_quant_config(quant_config, i, o)  # noqa: E731
+        p = lambda n: _add_prefix(n, prefix)  # noqa: E731
+        self.wq_b = ReplicatedLinear(ql, self.n * self.d, bias=False, quant_config=lq(ql, self.n * self.d),
+                                     prefix=p("wq_b"))  # fmt: skip
+        self.wk = ReplicatedLinear(H, self.d, bias=False, quant_config=lq(H, self.d), prefix=p("wk"))
+        self.k_norm = nn.LayerNorm(self.d, eps=config.rms_norm_eps)
+        self.weights_proj = ReplicatedLinear(
+            H, self.n, bias=False, quant_config=None, prefix=p("weights_proj")
+        )
+
+    def forward(self, x: torch.Tensor, q_lat: torch.Tensor, positions: torch.Tensor, rope: RopeTable):
+        """-> qI [T, n, d], w [T, n] (scaled by n^-0.5 d^-0.5), kI [T, d]; fp32, RoPE (rotate-half) on the first dims."""
+        T, dr = x.shape[0], self.dr
+        q = self.wq_b(q_lat)[0].view(T, self.n, self.d).float()
+        k = F.layer_norm(self.wk(x)[0].float(), (self.d,), self.k_norm.weight.float(), self.k_norm.bias.float(),
+                         self.k_norm.eps)  # fmt: skip
+        q = torch.cat([rope.half(q[..., :dr], positions), q[..., dr:]], -1)
+        k = torch.cat([rope.half(k[..., :dr], positions), k[..., dr:]], -1)
+        w = self.weights_proj(x)[0].float() * (self.n**-0.5 * self.d**-0.5)
+        return q, w, k

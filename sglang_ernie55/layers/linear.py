@@ -1,0 +1,41 @@
+"""Linear layers with a per-layer FP8 policy, and the FP8 block dequantiser the loader uses.
+
+SGLang's FP8 block method (128x128, Triton `w8a8_block_fp8_matmul` where DeepGEMM is absent) needs
+the activation width to be a multiple of 128 (per-token-group activation quantisation) and, once
+sharded or merged, the output width too. Every Linear of the full-size model qualifies; the tiny
+test geometry has ragged widths on purpose. A Linear that does not qualify is built unquantized
+and the loader dequantizes its FP8 tensors into the parameter dtype (`W = fp8 * scale_inv` per
+128x128 block, ARCHITECTURE.md convention 12), so both paths compute the same W.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+FP8_BLOCK = 128
+
+
+def fp8_block_ok(in_features: int, out_features: int) -> bool:
+    """Whether SGLang's FP8 block-quant Linear can serve this shape (see module docstring)."""
+    return in_features % FP8_BLOCK == 0 and out_features % FP8_BLOCK == 0
+
+
+def linear_quant_config(quant_config, in_features: int, out_features: int):
+    """`quant_config` when the FP8 block method can serve the shape, else None (dequantize on load)."""
+    if quant_config is None or not fp8_block_ok(in_features, out_features):
+        return None
+    return quant_config
+
+
+def dequantize_fp8_block(q: torch.Tensor, scale_inv: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """codes [rows, cols] (float8_e4m3fn) + scale_inv [ceil(rows/128), ceil(cols/128)] -> W in `dtype`."""
+    rows, cols = q.shape
+    want = (math.ceil(rows / FP8_BLOCK), math.ceil(cols / FP8_BLOCK))
+    if tuple(scale_inv.shape) != want:
+        raise ValueError(
+            f"scale_inv shape {tuple(scale_inv.shape)} does not match weight {(rows, cols)}: want {want}"
+        )
+    s = scale_inv.float().repeat_interleave(FP8_BLOCK, 0)[:rows].repeat_interleave(FP8_BLOCK, 1)[:, :cols]
+    return (q.float() * s.to(q.device)).to(dtype)

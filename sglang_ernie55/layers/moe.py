@@ -1,0 +1,96 @@
+"""ERNIE-5.5 FFNs for SGLang: the dense SwiGLU of layer 0 and the multi-router latent MoE.
+
+Latent MoE (ARCHITECTURE.md): s = mean_r sigmoid(x R_r^T) (fp32); ids = top-k(s + bias) (ties to
+the lower expert id); w = s[ids] / (sum + 1e-20) * routed_scaling_factor; routed experts run in
+the `moe_latent_size` latent through SGLang's `FusedMoE` (Triton runner); the shared expert runs
+at full width. Routing is ours (no in-tree `TopK` mode matches), handed to FusedMoE as a
+`StandardTopKOutput`.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from sglang.srt.layers.linear import ColumnParallelLinear, ReplicatedLinear, RowParallelLinear
+from sglang.srt.layers.moe.fused_moe_triton import FusedMoE
+from sglang.srt.layers.moe.topk import StandardTopKOutput
+from sglang.srt.runtime_context import get_parallel
+from torch import nn
+
+from .linear import FP8_BLOCK, linear_quant_config
+
+
+def _p(name: str, prefix: str) -> str:
+    return f"{prefix}.{name}" if prefix else name
+
+
+class Ernie55SwiGLU(nn.Module):
+    """down(silu(gate x) * up x), gate/up column-parallel, down row-parallel (dense FFN, shared expert)."""
+
+    def __init__(self, hidden: int, inter: int, quant_config, prefix: str, reduce_results: bool = True):
+        super().__init__()
+        tp = get_parallel().tp_size
+        lq = lambda i, o: linear_quant_config(quant_config, i, o)  # noqa: E731
+        self.gate_proj = ColumnParallelLinear(hidden, inter, bias=False, quant_config=lq(hidden, inter // tp),
+                                              prefix=_p("gate_proj", prefix))  # fmt: skip
+        self.up_proj = ColumnParallelLinear(hidden, inter, bias=False, quant_config=lq(hidden, inter // tp),
+                                            prefix=_p("up_proj", prefix))  # fmt: skip
+        self.down_proj = RowParallelLinear(inter, hidden, bias=False, quant_config=lq(inter // tp, hidden),
+                                           reduce_results=reduce_results, prefix=_p("down_proj", prefix))  # fmt: skip
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)[0]) * self.up_proj(x)[0])[0]
+
+
+class Ernie55LatentMoE(nn.Module):
+    def __init__(self, config, layer_id: int, quant_config=None, prefix: str = ""):
+        super().__init__()
+        H, E, L = config.hidden_size, config.n_routed_experts, config.moe_latent_size
+        self.topk, self.norm_topk_prob, self.scaling = (config.num_experts_per_tok, config.norm_topk_prob,
+                                                        config.routed_scaling_factor)  # fmt: skip
+        self.routers = nn.ModuleList(
+            ReplicatedLinear(H, E, bias=False, quant_config=None, prefix=_p(f"routers.{r}", prefix))
+            for r in range(config.num_routers)
+        )
+        self.e_score_correction_bias = nn.Parameter(torch.empty(E, dtype=torch.float32), requires_grad=False)
+        lq = lambda i, o: linear_quant_config(quant_config, i, o)  # noqa: E731
+        self.latent_down = ReplicatedLinear(
+            H, L, bias=False, quant_config=lq(H, L), prefix=_p("latent_down", prefix)
+        )
+        self.latent_up = ReplicatedLinear(
+            L, H, bias=False, quant_config=lq(L, H), prefix=_p("latent_up", prefix)
+        )
+        inter = config.moe_intermediate_size
+        self.experts_quantized = quant_config is not None and inter % FP8_BLOCK == 0 and L % FP8_BLOCK == 0
+        self.experts = FusedMoE(
+            num_experts=E, top_k=self.topk, layer_id=layer_id, hidden_size=L, intermediate_size=inter,
+            quant_config=quant_config if self.experts_quantized else None, prefix=_p("experts", prefix),
+        )  # fmt: skip
+        self.shared_experts = (
+            Ernie55SwiGLU(
+                H, config.shared_expert_intermediate_size, quant_config, _p("shared_experts", prefix)
+            )
+            if config.n_shared_experts
+            else None
+        )
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """-> (weights [T, k] fp32, ids [T, k] int32, mean scores [T, E] fp32); the reference rule."""
+        xf = x.float()
+        s = torch.stack([torch.sigmoid(F.linear(xf, r.weight.float())) for r in self.routers]).mean(0)
+        idx = torch.sort(s + self.e_score_correction_bias, dim=-1, descending=True, stable=True).indices[
+            :, : self.topk
+        ]
+        w = s.gather(1, idx)
+        if self.norm_topk_prob:
+            w = w / (w.sum(-1, keepdim=True) + 1e-20)
+        return w * self.scaling, idx.to(torch.int32), s
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w, ids, s = self.route(x)
+        z = self.latent_down(x)[0]
+        y = self.experts(z, StandardTopKOutput(topk_weights=w, topk_ids=ids, router_logits=s))
+        y = self.latent_up(y)[0]
+        if self.shared_experts is not None:
+            y = y + self.shared_experts(x)
+        return y

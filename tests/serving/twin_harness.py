@@ -1,0 +1,141 @@
+"""CPU harness: the SGLang model + `ernie55` backend + `Ernie55TokenToKVPool`, driven without a server.
+
+Builds the model from SGLang layers in a world-1 gloo group, loads a reference checkpoint through the
+strict loader, and runs extend / decode batches over a paged slot space the way SGLang's scheduler
+does (page 256, slot 0..255 = padding page, prefix hits share pages).
+"""
+
+from __future__ import annotations
+
+import socket
+from types import SimpleNamespace
+
+import torch
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def init_dist() -> None:
+    """World-1 gloo group + model-parallel groups (SGLang layers need them even at TP 1)."""
+    import os
+
+    from sglang.test.layer_ut_utils import init_single_process_dist
+
+    if "MASTER_PORT" not in os.environ:
+        os.environ["MASTER_PORT"] = str(free_port())
+    init_single_process_dist()
+
+
+def build_model(cfg, quant_config=None, dtype: torch.dtype = torch.bfloat16):
+    from sglang_ernie55.models.ernie55 import Ernie5_5_MoeForCausalLM
+
+    init_dist()
+    prev = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        model = Ernie5_5_MoeForCausalLM(cfg, quant_config)
+    finally:
+        torch.set_default_dtype(prev)
+    return model
+
+
+def torch_experts(model) -> None:
+    """CPU stand-in for FusedMoE's Triton runner: the same w13/w2 parameters, a per-expert loop."""
+    from sglang_ernie55.layers.moe import Ernie55LatentMoE
+
+    for mod in model.modules():
+        if not isinstance(mod, Ernie55LatentMoE):
+            continue
+        ex = mod.experts
+
+        def fwd(z, topk_output, ex=ex):
+            w13, w2 = ex.w13_weight.float(), ex.w2_weight.float()
+            inter = w2.shape[-1]
+            out = torch.zeros(z.shape[0], w2.shape[1], dtype=torch.float32)
+            for k in range(topk_output.topk_ids.shape[1]):
+                ids, wk = topk_output.topk_ids[:, k].long(), topk_output.topk_weights[:, k]
+                for e in ids.unique().tolist():
+                    t = (ids == e).nonzero(as_tuple=True)[0]
+                    gu = z[t].float() @ w13[e].t()
+                    h = torch.nn.functional.silu(gu[:, :inter]) * gu[:, inter:]
+                    out[t] += wk[t, None] * (h @ w2[e].t())
+            return out.to(z.dtype)
+
+        ex.forward = fwd
+
+
+class Session:
+    """Pool + backend + a page allocator; `extend` / `decode` return fp32 logits of the new tokens."""
+
+    def __init__(
+        self, model, cfg, kv_dtype: torch.dtype, num_pages: int = 64, max_ctx: int = 4096, slots: int = 8
+    ):
+        from sglang_ernie55.attention.backend import Ernie55AttnBackend
+        from sglang_ernie55.mem_cache.pool import Ernie55TokenToKVPool
+
+        self.model, self.cfg, self.page = model, cfg, 256
+        size = num_pages * self.page
+        self.pool = Ernie55TokenToKVPool(size, self.page, kv_dtype, cfg, num_req_slots=slots, device="cpu")
+        self.req_to_token = torch.zeros(slots, max_ctx, dtype=torch.int32)
+        runner = SimpleNamespace(token_to_kv_pool=self.pool, model_config=SimpleNamespace(hf_config=cfg),
+                                 req_to_token_pool=SimpleNamespace(req_to_token=self.req_to_token))  # fmt: skip
+        self.backend = Ernie55AttnBackend(runner)
+        self.free_pages = list(range(1, num_pages + 1))
+        self.lens = [0] * slots
+
+    def alloc_tokens(self, req: int, n: int) -> torch.Tensor:
+        """Slots for positions lens[req] .. +n, paging like SGLang (new page whenever a page boundary is crossed)."""
+        locs = []
+        for p in range(self.lens[req], self.lens[req] + n):
+            if p % self.page == 0:
+                pg = self.free_pages.pop(0)
+                self.req_to_token[req, p : p + self.page] = torch.arange(pg * self.page, (pg + 1) * self.page)
+            locs.append(int(self.req_to_token[req, p]))
+        return torch.tensor(locs, dtype=torch.int64)
+
+    def share_prefix(self, src: int, dst: int, n: int) -> None:
+        """A radix-cache hit: request `dst` starts with `n` (page-aligned) tokens of `src`'s pages."""
+        assert n % self.page == 0
+        self.req_to_token[dst, :n] = self.req_to_token[src, :n]
+        self.lens[dst] = n
+
+    @torch.no_grad()
+    def _run(self, mode, reqs, ids_list, extend: bool):
+        from sglang.srt.model_executor.forward_context import ForwardContext, set_forward_context
+
+        locs, pos, prefix, ext = [], [], [], []
+        for req, ids in zip(reqs, ids_list):
+            P = self.lens[req]
+            locs.append(self.alloc_tokens(req, len(ids)))
+            pos.append(torch.arange(P, P + len(ids)))
+            prefix.append(P)
+            ext.append(len(ids))
+            self.lens[req] = P + len(ids)
+        seq = torch.tensor([self.lens[r] for r in reqs])
+        fb = SimpleNamespace(
+            forward_mode=mode, out_cache_loc=torch.cat(locs), req_pool_indices=torch.tensor(reqs),
+            seq_lens=seq, seq_lens_cpu=seq, extend_prefix_lens_cpu=prefix, extend_seq_lens_cpu=ext,
+            global_num_token_non_padded_cpu=None, batch_size=len(reqs),
+        )  # fmt: skip
+        self.backend.init_forward_metadata(fb)
+        prev = set_forward_context(ForwardContext(attn_backend=self.backend))
+        try:
+            ids = torch.cat([torch.as_tensor(i) for i in ids_list])
+            hidden, _ = self.model.model(ids, torch.cat(pos), fb)
+        finally:
+            set_forward_context(prev)
+        return hidden.float() @ self.model.lm_head.weight.float().t()
+
+    def extend(self, reqs, ids_list):
+        from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+        return self._run(ForwardMode.EXTEND, reqs, ids_list, True)
+
+    def decode(self, reqs, ids):
+        from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+        return self._run(ForwardMode.DECODE, reqs, [[i] for i in ids], False)
