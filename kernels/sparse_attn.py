@@ -125,7 +125,8 @@ def sparse_mqa_attention(
     total = max(KA + KB, 1)
     if num_splits is None:
         want = max(1, triton.cdiv(2 * _num_sms(q.device), T * n_hb))
-        num_splits = min(want, triton.cdiv(total, block_n))
+        # >= 256 keys per split: a split writes h * d_v * 4 B of partials (128 KiB at h = 64)
+        num_splits = min(want, triton.cdiv(total, max(256, block_n)))
     chunk = triton.cdiv(triton.cdiv(total, num_splits), block_n) * block_n
     num_splits = triton.cdiv(total, chunk)
     single = num_splits == 1
@@ -170,7 +171,8 @@ def flashmla_sparse_attention(
 
     Fits when both pools are HCA_FP8 (V4 layout, D = 512) or the main pool is MLA_FP8 (V3.2 layout,
     D = 576), h in {64, 128} (pad heads first), d_v = 512. Returns (out [T, h, 512] bf16, lse [T, h]).
-    Top-k widths must be multiples of 64 for FlashMLA (pad with -1).
+    Top-k widths must be multiples of 64 for FlashMLA (pad with -1). Lengths are clamped to >= 1
+    (as SGLang's c128_topk_lengths_clamp1): a row of length 0 must hold -1 in its first entry.
     """
     import flash_mla
 
@@ -184,10 +186,11 @@ def flashmla_sparse_attention(
         q=q.view(T, 1, H, D), k_cache=kc, block_table=None, cache_seqlens=None, head_dim_v=d_v,
         tile_scheduler_metadata=sched_meta if sched_meta is not None else flash_mla.get_mla_metadata()[0],
         softmax_scale=sm_scale, is_fp8_kvcache=True, indices=main.indices.view(T, 1, -1),
-        topk_length=main.lengths, attn_sink=sink, use_legacy=True, kv_format=kv_format,
+        topk_length=None if main.lengths is None else main.lengths.clamp_min(1), attn_sink=sink, use_legacy=True, kv_format=kv_format,
     )  # fmt: skip
     if extra is not None:
         args.update(extra_k_cache=extra.geom.flashmla_view(extra.pool),
-                    extra_indices_in_kvcache=extra.indices.view(T, 1, -1), extra_topk_length=extra.lengths)  # fmt: skip
+                    extra_indices_in_kvcache=extra.indices.view(T, 1, -1),
+                    extra_topk_length=None if extra.lengths is None else extra.lengths.clamp_min(1))  # fmt: skip
     o, lse = flash_mla.flash_mla_with_kvcache(**args)
     return o.view(T, H, d_v), lse.view(T, H)
