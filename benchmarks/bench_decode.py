@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import json
 import os
 import sys
@@ -37,8 +38,7 @@ def copy_bandwidth() -> float:
     n = 2 << 30
     a = torch.empty(n, dtype=torch.uint8, device=DEV)
     b = torch.empty_like(a)
-    ms = bench(lambda: b.copy_(a))
-    del a, b
+    ms = bench(functools.partial(b.copy_, a))
     return 2 * n / ms / 1e9  # TB/s (read + write)
 
 
@@ -134,15 +134,14 @@ def main():
     rows = []
 
     # --- config sweep on the 128K shapes
-    q, main_, extra, sink, _ = hca_inputs("fp8", 64, 128 * 1024)
+    hq, hmain, hextra, hsink, _ = hca_inputs("fp8", 64, 128 * 1024)
     hcfg = sweep("hca fp8 b64 128K", lambda c: sparse_mqa_attention(
-        q, main_, extra, sm_scale=512**-0.5, d_v=512, sink=sink, block_h=c[0], block_n=c[1], num_warps=c[2],
+        hq, hmain, hextra, sm_scale=512**-0.5, d_v=512, sink=hsink, block_h=c[0], block_n=c[1], num_warps=c[2],
         num_stages=c[3]))  # fmt: skip
-    del q, main_, extra
-    q, sc, _ = mla_inputs("fp8", 64)
+    mq, msc, _ = mla_inputs("fp8", 64)
     mcfg = sweep("mla fp8 b64", lambda c: sparse_mqa_attention(
-        q, sc, sm_scale=192**-0.5, d_v=512, block_h=c[0], block_n=c[1], num_warps=c[2], num_stages=c[3]))  # fmt: skip
-    del q, sc
+        mq, msc, sm_scale=192**-0.5, d_v=512, block_h=c[0], block_n=c[1], num_warps=c[2], num_stages=c[3]))  # fmt: skip
+    hq = hmain = hextra = mq = msc = None
     print(f"chosen configs: hca {hcfg}, mla {mcfg}")
 
     def kw(c):
@@ -158,25 +157,27 @@ def main():
                 if B * ctx > 256 * (1 << 20):
                     continue
                 q, main_, extra, sink, nbytes = hca_inputs(kv, B, ctx)
-                ms = bench(lambda: sparse_mqa_attention(q, main_, extra, sm_scale=512**-0.5, d_v=512, sink=sink,
-                                                        **kw(hcfg)))  # fmt: skip
+                ms = bench(functools.partial(sparse_mqa_attention, q, main_, extra, sm_scale=512**-0.5, d_v=512,
+                                             sink=sink, **kw(hcfg)))  # fmt: skip
                 fms = None
                 if fm and kv == "fp8":
                     import flash_mla
 
                     meta = flash_mla.get_mla_metadata()[0]
                     try:
-                        fms = bench(lambda: flashmla_sparse_attention(q, main_, extra, sm_scale=512**-0.5, d_v=512,
-                                                                      sink=sink, sched_meta=meta))  # fmt: skip
+                        fms = bench(functools.partial(flashmla_sparse_attention, q, main_, extra, sm_scale=512**-0.5,
+                                                      d_v=512, sink=sink, sched_meta=meta))  # fmt: skip
                     except Exception as e:  # noqa: BLE001
                         print(f"flashmla hca failed: {e!r}"[:200])
                 rows.append(dict(kernel="HCA decode", kv=kv, batch=B, ctx=ctx, us=ms * 1e3, tbs=nbytes / ms / 1e9,
                                  flashmla_us=fms * 1e3 if fms else None))  # fmt: skip
-                del q, main_, extra
+                q = main_ = extra = None
                 torch.cuda.empty_cache()
         for B in batches:
             q, sc, nbytes = mla_inputs(kv, B)
-            ms = bench(lambda: sparse_mqa_attention(q, sc, sm_scale=192**-0.5, d_v=512, **kw(mcfg)))
+            ms = bench(
+                functools.partial(sparse_mqa_attention, q, sc, sm_scale=192**-0.5, d_v=512, **kw(mcfg))
+            )
             fms = None
             if fm and kv == "fp8":
                 import flash_mla
@@ -190,7 +191,7 @@ def main():
                     print(f"flashmla mla failed: {e!r}"[:200])
             rows.append(dict(kernel="MLA-DSA decode (topk 2048)", kv=kv, batch=B, ctx=None, us=ms * 1e3,
                              tbs=nbytes / ms / 1e9, flashmla_us=fms * 1e3 if fms else None))  # fmt: skip
-            del q, sc
+            q = sc = None
             torch.cuda.empty_cache()
         # lightning indexer (logits + top-k 2048), 64 heads x 128
         for B in [1, 8, 64]:
@@ -206,12 +207,12 @@ def main():
                 qI = torch.randn(B, 64, 128, device=DEV, dtype=torch.bfloat16)
                 w = torch.randn(B, 64, device=DEV)
                 nbytes = B * ctx * (g.bytes_per_token + 4)
-                ms = bench(lambda: indexer_logits(qI, w, pool, g, pt, qr, qp, ctx))
+                ms = bench(functools.partial(indexer_logits, qI, w, pool, g, pt, qr, qp, ctx))
                 lg = indexer_logits(qI, w, pool, g, pt, qr, qp, ctx)
-                ms_topk = bench(lambda: indexer_topk(lg, qp, 2048, pt, qr))
+                ms_topk = bench(functools.partial(indexer_topk, lg, qp, 2048, pt, qr))
                 rows.append(dict(kernel="indexer logits", kv=kv, batch=B, ctx=ctx, us=ms * 1e3, tbs=nbytes / ms / 1e9,
                                  flashmla_us=None, topk_us=ms_topk * 1e3))  # fmt: skip
-                del pool, lg
+                pool = lg = None
                 torch.cuda.empty_cache()
 
     lines = [
@@ -225,11 +226,14 @@ def main():
     for r in rows:
         ctx = "-" if r["ctx"] is None else (f"{r['ctx'] // 1024}K" if r["ctx"] < (1 << 20) else "1M")
         f = r["flashmla_us"]
-        extra = f"top-k {r['topk_us']:.1f} us" if "topk_us" in r else ""
+        extra = "top-k {:.1f} us".format(r["topk_us"]) if "topk_us" in r else ""
+        fcol = "-" if f is None else f"{f:.1f}"
+        ratio = "-" if f is None else "{:.2f}x".format(r["us"] / f)
+        pct = 100 * r["tbs"] / bw
         lines.append(
-            f"| {r['kernel']} | {r['kv']} | {r['batch']} | {ctx} | {r['us']:.1f} | {r['tbs']:.2f} | "
-            f"{100 * r['tbs'] / bw:.0f}% | {'-' if f is None else f'{f:.1f}'} | "
-            f"{'-' if f is None else f'{r['us'] / f:.2f}x'} | {extra} |"
+            "| {} | {} | {} | {} | {:.1f} | {:.2f} | {:.0f}% | {} | {} | {} |".format(
+                r["kernel"], r["kv"], r["batch"], ctx, r["us"], r["tbs"], pct, fcol, ratio, extra
+            )
         )
     table = "\n".join(lines)
     print(table)
