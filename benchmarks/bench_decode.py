@@ -185,7 +185,9 @@ def main():
                 meta = flash_mla.get_mla_metadata()[0]
                 try:
                     fms = bench(
-                        lambda: flashmla_sparse_attention(q, sc, sm_scale=192**-0.5, d_v=512, sched_meta=meta)
+                        functools.partial(
+                            flashmla_sparse_attention, q, sc, sm_scale=192**-0.5, d_v=512, sched_meta=meta
+                        )
                     )
                 except Exception as e:  # noqa: BLE001
                     print(f"flashmla mla failed: {e!r}"[:200])
