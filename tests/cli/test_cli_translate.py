@@ -229,3 +229,14 @@ def test_cli_prints_command_then_notes(cli):
     assert rc == 0 and json.loads(out)["command"] == first
     rc, _, err = cli("translate")
     assert rc == 2 and "after --" in err
+
+
+def test_help_of_every_subcommand(cli):
+    rc, out, _ = cli("--help")
+    assert rc == 0
+    for sub in ("cmd", "plan", "preflight", "translate"):
+        assert sub in out
+        rc, text, _ = cli(sub, "--help")
+        assert rc == 0 and "Examples:" in text, sub
+    rc, text, _ = cli("translate", "--help")
+    assert "ECHO steps vs draft tokens" in " ".join(text.split())
