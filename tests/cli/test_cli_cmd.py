@@ -22,7 +22,7 @@ def test_single_node_command_and_docker_line(cli):
         i = words.index(flag[0])
         assert words[i : i + 2] == flag
     assert "HOME/.cache/huggingface:/root/.cache/huggingface" in words
-    assert docker.endswith(bare.split(" ", 0)[0]) or bare in docker  # same serve command inside the container
+    assert docker.endswith(bare)  # the same serve command inside the container
     assert "verified by vendor: no" in out and "not yet" in out  # H200 is the project's own cell
 
 
