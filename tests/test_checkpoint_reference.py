@@ -44,8 +44,19 @@ def ids():
 
 
 @pytest.fixture(scope="module")
-def ref_out(in_memory, ids):
-    return in_memory(ids)
+def ref_run(in_memory, ids):
+    """(sublayer output RMS, RefOutput) of the in-memory model: one forward shared by the tests."""
+    return _run(in_memory, ids)
+
+
+@pytest.fixture(scope="module")
+def ref_out(ref_run):
+    return ref_run[1]
+
+
+@pytest.fixture(scope="module")
+def fp8_logits(written, ids):
+    return _loaded(written["fp8"])(ids).logits
 
 
 @pytest.fixture(scope="module")
@@ -82,19 +93,18 @@ def test_bf16_checkpoint_reproduces_logits_bitwise(written, in_memory, ref_out, 
     )
 
 
-def test_fp8_checkpoint_equals_in_memory_quantization_bitwise(written, in_memory, config, ids):
+def test_fp8_checkpoint_equals_in_memory_quantization_bitwise(fp8_logits, in_memory, config, ids):
     spec = expected_tensors(config)
     sd = {}
     for name, t in in_memory.state_dict().items():
         sd[name] = dequantize_fp8_block(*quantize_fp8_block(t)) if spec[name].kind == KIND_FP8 else t
     quantized = build_reference(config, seed=None)
     quantized.load_state_dict(sd, strict=True)
-    assert torch.equal(_loaded(written["fp8"])(ids).logits, quantized(ids).logits)
+    assert torch.equal(fp8_logits, quantized(ids).logits)
 
 
-def test_fp8_checkpoint_within_stated_tolerance(written, in_memory, ref_out, config, ids):
-    ref = ref_out.logits
-    fp8 = _loaded(written["fp8"])(ids).logits
+def test_fp8_checkpoint_within_stated_tolerance(fp8_logits, in_memory, ref_out, config, ids):
+    ref, fp8 = ref_out.logits, fp8_logits
     rel = _rel(ref, fp8)
     cos = F.cosine_similarity(ref, fp8, dim=-1).mean().item()
     top1 = (ref.argmax(-1) == fp8.argmax(-1)).float().mean().item()
@@ -114,8 +124,9 @@ def test_fp8_checkpoint_within_stated_tolerance(written, in_memory, ref_out, con
     assert rel <= 1.5 * _rel(ref, noisy(ids).logits)
 
 
-def _activation_rms(model, ids):
-    """RMS of every layer's attention output, FFN output and residual streams, and of the logits."""
+def _run(model, ids):
+    """RMS of every layer's attention and FFN outputs (forward hooks), and the RefOutput with the RMS of
+    the residual streams after each layer."""
     seen = {}
     hooks = []
     for i, layer in enumerate(model.model.layers):
@@ -124,21 +135,21 @@ def _activation_rms(model, ids):
                 lambda m, a, out, key=f"{i}.{part}": seen.__setitem__(key, out.float().pow(2).mean().sqrt().item())
             ))  # fmt: skip
     try:
-        out = model(ids, return_layer_rms=True)
+        return seen, model(ids, return_layer_rms=True)
     finally:
         for h in hooks:
             h.remove()
-    return seen, out.layer_rms, out.logits
 
 
 @pytest.mark.parametrize("init", ["reference", "spec"])
-def test_activations_stay_order_one(config, in_memory, ids, init):
+def test_activations_stay_order_one(config, ref_run, ids, init):
     if init == "reference":
-        model = in_memory
+        sub, out = ref_run
     else:  # the full-width preset's streamed init, checked at tiny size through the same model
         model = build_reference(config, seed=None)
         model.load_state_dict(dict(iter_random_tensors(config, SEED)), strict=True)
-    sub, streams, logits = _activation_rms(model, ids)
+        sub, out = _run(model, ids)
+    streams, logits = out.layer_rms, out.logits
     assert len(sub) == 2 * config.num_hidden_layers and len(streams) == config.num_hidden_layers
     for key, rms in sub.items():
         assert 0.1 <= rms <= 5.0, (init, key, rms)

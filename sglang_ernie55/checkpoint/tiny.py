@@ -22,7 +22,7 @@ from .writer import ProgressFn, write_checkpoint
 
 PRESETS = ("tiny", "full-width")
 INITS = ("reference", "spec")
-DEFAULT_SHARD_SIZE = {"tiny": "4MB", "full-width": "5GB"}
+DEFAULT_SHARD_SIZE = {"tiny": "4MB", "full-width": "2GB"}
 DEFAULT_INIT = {"tiny": "reference", "full-width": "spec"}
 
 

@@ -49,7 +49,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="weights from the reference model's init (tiny default) or streamed per tensor "
                              "from the spec (full-width default)")  # fmt: skip
     parser.add_argument("--max-shard-size", default=None, metavar="SIZE",
-                        help="largest shard, e.g. 4MB, 5GB (default: tiny 4MB, full-width 5GB)")  # fmt: skip
+                        help="largest shard, e.g. 4MB, 5GB (default: tiny 4MB, full-width 2GB)")  # fmt: skip
     parser.add_argument(
         "--device", default="cpu", help="device for --init spec random draws and FP8 quantization"
     )
