@@ -15,7 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from sglang_ernie55.args import Ernie55ArgumentError, flag_rules_markdown, resolve_server_args
+from sglang_ernie55.args import (
+    Ernie55ArgumentError,
+    flag_rules_markdown,
+    resolve_server_args,
+    write_config_checkpoint,
+)
 from sglang_ernie55.configuration import ARCH_MAIN, tiny_config
 
 REPO = Path(__file__).resolve().parents[1]
@@ -313,6 +318,40 @@ def test_long_context_warns_what_else_to_change(ernie, caplog):
         d = resolved(ernie, "--context-length", "1048576")
     assert d["context_length"] == 1048576
     assert "--max-running-requests" in caplog.text and "--cuda-graph-max-bs-decode" in caplog.text
+
+
+# ============================================================================================ vendor recipes
+VENDOR_COMMANDS = {
+    "4-GPU FP8 high throughput": "--tp 4 --attn-dp-size 4 --context-length 131072 --max-running-requests 256",
+    "4-GPU FP8 low latency (ECHO, 2 steps)": "--tp 4 --context-length 131072 --max-running-requests 256 "
+    "--speculative-algorithm EAGLE --speculative-num-steps 2 --speculative-eagle-topk 1 "
+    "--speculative-num-draft-tokens 3",
+    "B300 FP8": "--tp 2",
+    "H100 FP8": "--tp 8",
+    "H100 BF16 2x8": "--tp 16 --attn-dp-size 2 --kv-cache-dtype bfloat16",
+    "DeepEP": "--tp 8 --ep 8 --moe-a2a-backend deepep",
+    "HiCache": "--tp 4 --enable-hierarchical-cache --hicache-ratio 2",
+}
+
+
+@pytest.fixture(scope="module")
+def ernie_full(tmp_path_factory) -> str:
+    """The full-size ERNIE-5.5-Flash config.json (512 experts), as `write_config_checkpoint` writes it."""
+    return write_config_checkpoint(tmp_path_factory.mktemp("ernie55-full"))
+
+
+@pytest.mark.parametrize("command", VENDOR_COMMANDS.values(), ids=VENDOR_COMMANDS.keys())
+def test_deployment_guide_commands_are_legal(ernie_full, command):
+    d = resolve_server_args(
+        ["sglang", "serve", "--model-path", ernie_full, *command.split()], device="cpu"
+    ).resolved_dict()
+    assert (d["attention_backend"], d["page_size"]) == ("ernie55", 256)
+    assert d["kv_cache_dtype"] == ("bfloat16" if "bfloat16" in command else "fp8_e4m3")
+
+
+def test_full_model_deepep_message(ernie_full):
+    msg = str(rejects(ernie_full, "--tp", "2", "--moe-a2a-backend", "deepep"))
+    assert "holds 256 of the 512 routed experts," in msg
 
 
 # ============================================================================================ other architectures

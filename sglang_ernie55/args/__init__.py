@@ -14,7 +14,7 @@ docs/server-args.md is the user-facing table; docs/hooks.md the patch ledger.
 
 from __future__ import annotations
 
-from .api import resolve_server_args
+from .api import resolve_server_args, write_config_checkpoint
 from .errors import Ernie55ArgumentError
 from .rules import ERNIE55_FLAG_RULES, flag_rules_markdown
 
@@ -24,6 +24,7 @@ __all__ = [
     "flag_rules_markdown",
     "register",
     "resolve_server_args",
+    "write_config_checkpoint",
 ]
 
 _registered = False

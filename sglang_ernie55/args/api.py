@@ -9,9 +9,12 @@ with the model overrides and resolution hooks of `sglang_ernie55.args`). Read th
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from sglang.srt.server_args import ServerArgs
@@ -74,3 +77,22 @@ def resolve_server_args(argv: Sequence[str], *, device: str | None = None) -> Se
         root.setLevel(level)
     server_args.resolve_once()
     return server_args
+
+
+def write_config_checkpoint(path: str | os.PathLike, config: Any = None) -> str:
+    """Write a config-only checkpoint (`config.json` alone: all SGLang's argument resolution reads) and
+    return its path, for `resolve_server_args(["--model-path", it, ...])` without downloading weights.
+
+    `config`: an `Ernie55Config` or a config.json dict; default the full-size ERNIE-5.5-Flash geometry
+    (`Ernie55Config()`: 512 experts, o_groups 8, 1M positions), which is what the rules read.
+    """
+    from ..configuration import Ernie55Config
+
+    if config is None:
+        config = Ernie55Config()
+    if isinstance(config, Ernie55Config):
+        config = config.to_config_json()
+    out = Path(path)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(config, indent=1) + "\n")
+    return str(out)

@@ -164,10 +164,13 @@ def check_a2a(backend: str, ep: int, pp: int, n_routed_experts: int = FULL_MODEL
     if backend == "deepep" and ep < DEEPEP_MIN_EP:
         per_rank = n_routed_experts // max(ep, 1)
         full = FULL_MODEL_ROUTED_EXPERTS // max(ep, 1)
+        full_note = (
+            "" if n_routed_experts == FULL_MODEL_ROUTED_EXPERTS else f" ({full} of 512 for the full model)"
+        )
         raise Ernie55ArgumentError(
             "--moe-a2a-backend deepep with --ep", ep, f"--ep >= {DEEPEP_MIN_EP}",
-            f"at expert parallel size {ep} each rank holds {per_rank} of the {n_routed_experts} routed experts "
-            f"({full} of 512 for the full model), beyond DeepEP's per-rank expert limit; from --ep "
+            f"at expert parallel size {ep} each rank holds {per_rank} of the {n_routed_experts} routed experts"
+            f"{full_note}, beyond DeepEP's per-rank expert limit; from --ep "
             f"{DEEPEP_MIN_EP} a rank holds at most {FULL_MODEL_ROUTED_EXPERTS // DEEPEP_MIN_EP} of 512. SGLang sets "
             "the expert parallel size to --tp under deepep.",
             f"Use --tp/--ep >= {DEEPEP_MIN_EP}, or drop --moe-a2a-backend deepep (--moe-a2a-backend none).",
