@@ -171,7 +171,8 @@ def flashmla_sparse_attention(
 
     Fits when both pools are HCA_FP8 (V4 layout, D = 512) or the main pool is MLA_FP8 (V3.2 layout,
     D = 576), h in {64, 128} (pad heads first), d_v = 512. Returns (out [T, h, 512] bf16, lse [T, h]).
-    Top-k widths must be multiples of 64 for FlashMLA (pad with -1). Lengths are clamped to >= 1
+    Top-k widths must be multiples of 64 for FlashMLA (pad with -1). The V3.2 kernel takes no lengths
+    (``main.lengths`` is ignored for MLA_FP8): entries past a row's length must be -1. Lengths are clamped to >= 1
     (as SGLang's c128_topk_lengths_clamp1): a row of length 0 must hold -1 in its first entry.
     """
     import flash_mla
@@ -186,7 +187,7 @@ def flashmla_sparse_attention(
         q=q.view(T, 1, H, D), k_cache=kc, block_table=None, cache_seqlens=None, head_dim_v=d_v,
         tile_scheduler_metadata=sched_meta if sched_meta is not None else flash_mla.get_mla_metadata()[0],
         softmax_scale=sm_scale, is_fp8_kvcache=True, indices=main.indices.view(T, 1, -1),
-        topk_length=None if main.lengths is None else main.lengths.clamp_min(1), attn_sink=sink, use_legacy=True, kv_format=kv_format,
+        topk_length=None if main.lengths is None or kv_format == "V32" else main.lengths.clamp_min(1), attn_sink=sink, use_legacy=True, kv_format=kv_format,
     )  # fmt: skip
     if extra is not None:
         args.update(extra_k_cache=extra.geom.flashmla_view(extra.pool),

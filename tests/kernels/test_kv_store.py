@@ -37,7 +37,17 @@ def _check(name, n_tok, pages):
     R.pool_store(ref, g, slots[keep], x[keep])
     got = pool.to(DEV)
     kv_store(got, g, slots.to(DEV), x.to(DEV))
-    assert torch.equal(got.cpu(), ref), f"{name}: {(got.cpu() != ref).sum().item()} bytes differ"
+    if not torch.equal(got.cpu(), ref):
+        diff = (got.cpu() != ref).view(-1).nonzero().flatten()[:8]
+        gb, rb = got.cpu().view(-1)[diff].tolist(), ref.view(-1)[diff].tolist()
+        tok = []
+        for b in diff.tolist():
+            page, off = divmod(b, g.page_bytes)
+            idx = page * g.page_size + (off // g.data_stride if off < g.page_size * g.data_stride else
+                                        (off - g.scale_base) // max(g.scale_stride, 1))  # fmt: skip
+            hit = (slots == idx).nonzero().flatten().tolist()
+            tok.append((b, idx, hit[:1], x[hit[0]].float().abs().amax().item() if hit else None))
+        raise AssertionError(f"{name}: {(got.cpu() != ref).sum().item()} bytes differ: got {gb} ref {rb} at {tok}")
     back = R.pool_gather(got.cpu(), g, slots[keep])
     tol = 0.04 if g.layout.is_fp8 else 0.0
     assert rel(back, x[keep].float()) <= tol

@@ -1,0 +1,72 @@
+"""Triton bodies of kernels/mhc.py: the per-token tail of hc_pre (split + Sinkhorn + weighted sum of
+the streams) and hc_post (combine)."""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def hc_pre_tail_kernel(
+    m_ptr, m_stride, base_ptr, scale_ptr, r_ptr, r_stride_t, r_stride_n, H,
+    pre_ptr, post_ptr, c_ptr, y_ptr, y_stride, hc_eps,
+    N: tl.constexpr, NP: tl.constexpr, ITERS: tl.constexpr, BLOCK: tl.constexpr, HEAD: tl.constexpr,
+):  # fmt: skip
+    """One program per token. m row = [pre N | post N | comb N*N] (HEAD: [pre N] only)."""
+    t = tl.program_id(0).to(tl.int64)
+    i = tl.arange(0, NP)
+    im = i < N
+    s0 = tl.load(scale_ptr)
+    pre = tl.sigmoid(tl.load(m_ptr + t * m_stride + i, mask=im, other=0.0) * s0 + tl.load(base_ptr + i, mask=im, other=0.0))
+    pre = tl.where(im, pre + hc_eps, 0.0)
+    if not HEAD:
+        s1 = tl.load(scale_ptr + 1)
+        s2 = tl.load(scale_ptr + 2)
+        post = 2.0 * tl.sigmoid(tl.load(m_ptr + t * m_stride + N + i, mask=im, other=0.0) * s1
+                                + tl.load(base_ptr + N + i, mask=im, other=0.0))  # fmt: skip
+        tl.store(pre_ptr + t * N + i, pre, mask=im)
+        tl.store(post_ptr + t * N + i, post, mask=im)
+        jj = i[:, None]
+        kk = i[None, :]
+        mm = (jj < N) & (kk < N)
+        off = 2 * N + jj * N + kk
+        c = tl.load(m_ptr + t * m_stride + off, mask=mm, other=0.0) * s2 + tl.load(base_ptr + off, mask=mm, other=0.0)
+        c = tl.where(mm, c, float("-inf"))
+        c = tl.exp(c - tl.max(c, 1)[:, None])
+        c = tl.where(mm, c, 0.0)
+        c = tl.where(mm, c / tl.sum(c, 1)[:, None] + hc_eps, 0.0)
+        c = tl.where(mm, c / (tl.sum(c, 0)[None, :] + hc_eps), 0.0)
+        for _ in tl.static_range(ITERS - 1):
+            c = tl.where(mm, c / (tl.sum(c, 1)[:, None] + hc_eps), 0.0)
+            c = tl.where(mm, c / (tl.sum(c, 0)[None, :] + hc_eps), 0.0)
+        tl.store(c_ptr + t * N * N + jj * N + kk, c, mask=mm)
+    # y = sum_i pre[i] * R[i]
+    for h0 in range(0, H, BLOCK):
+        h = h0 + tl.arange(0, BLOCK)
+        hm = h < H
+        r = tl.load(r_ptr + t * r_stride_t + i[:, None] * r_stride_n + h[None, :], mask=im[:, None] & hm[None, :],
+                    other=0.0).to(tl.float32)  # fmt: skip
+        tl.store(y_ptr + t * y_stride + h, tl.sum(pre[:, None] * r, 0), mask=hm)
+
+
+@triton.jit
+def hc_post_kernel(
+    f_ptr, f_stride, r_ptr, r_stride_t, r_stride_n, post_ptr, c_ptr, o_ptr, o_stride_t, o_stride_n, H,
+    N: tl.constexpr, NP: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    """R'[i] = post[i] * f + sum_j C[j, i] * R[j]; grid (token, H block)."""
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    hm = h < H
+    i = tl.arange(0, NP)
+    im = i < N
+    f = tl.load(f_ptr + t * f_stride + h, mask=hm, other=0.0).to(tl.float32)
+    post = tl.load(post_ptr + t * N + i, mask=im, other=0.0)
+    acc = post[:, None] * f[None, :]
+    for j in tl.static_range(N):
+        rj = tl.load(r_ptr + t * r_stride_t + j * r_stride_n + h, mask=hm, other=0.0).to(tl.float32)
+        cj = tl.load(c_ptr + t * N * N + j * N + i, mask=im, other=0.0)  # C[j, :]
+        acc += cj[:, None] * rj[None, :]
+    tl.store(o_ptr + t * o_stride_t + i[:, None] * o_stride_n + h[None, :], acc.to(o_ptr.dtype.element_ty),
+             mask=im[:, None] & hm[None, :])  # fmt: skip

@@ -1,0 +1,112 @@
+"""mHC (manifold-constrained hyper-connections) on the GPU: hc_pre, hc_post, hc_head.
+
+Formulas (reference: sglang_ernie55.reference.mhc), R [T, n, H], x = R.flatten(-1):
+    m    = (x @ fn^T) * rsqrt(mean(x^2) + rms_eps)                              (fp32)
+    pre  = sigmoid(m[:n] s0 + b[:n]) + eps;  post = 2 sigmoid(m[n:2n] s1 + b[n:2n])
+    C    = Sinkhorn(softmax_row(m[2n:] s2 + b[2n:]) + eps; iters)               (C[j, i]: stream j -> i)
+    y    = sum_i pre[i] R[i]                                                    (hc_pre -> y, post, C)
+    R'[i] = post[i] f + sum_j C[j, i] R[j]                                      (hc_post)
+    hc_head: pre = sigmoid(m s + b) + eps (fn [n, nH]); y = sum_i pre[i] R[i]
+
+Backends: ``"sglang"`` uses SGLang 0.5.23's Triton pieces where they fit (``hc_mix_stats`` for m,
+``_hc_split_sinkhorn_triton`` for pre/post/C, ``mhc_combine`` for y; there is no SGLang Triton hc_post
+for general n, so hc_post is always ours); ``"ours"`` uses a cuBLAS fp32 GEMM for m and our fused
+Triton tail (split + Sinkhorn + weighted sum in one pass over R). ``"auto"`` = ours (one pass over R
+instead of two; SGLang's pieces stay selectable and are tested against the same reference).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+
+from ._pool import check
+from ._triton.mhc import hc_post_kernel, hc_pre_tail_kernel
+
+
+def _check_R(R: torch.Tensor, name: str = "R") -> tuple[int, int, int]:
+    check(R.dim() == 3 and R.stride(2) == 1, f"{name}: [T, n, H] with contiguous last dim, got {tuple(R.shape)}")
+    check(R.dtype in (torch.float32, torch.bfloat16, torch.float16), f"{name}: float dtype, got {R.dtype}")
+    return R.shape
+
+
+def hc_mix(R: torch.Tensor, fn: torch.Tensor, rms_eps: float, backend: str = "ours") -> torch.Tensor:
+    """m [T, rows(fn)] fp32 (see module doc)."""
+    T, n, H = _check_R(R)
+    check(fn.dim() == 2 and fn.shape[1] == n * H and fn.dtype == torch.float32, f"fn: fp32 [rows, {n * H}]")
+    x = R.reshape(T, n * H)
+    if backend == "sglang":
+        from sglang.kernels.ops.layernorm.mhc import hc_mix_stats
+
+        return hc_mix_stats(x.contiguous(), fn.contiguous(), rms_eps)
+    xf = x.float()
+    return (xf @ fn.t()) * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + rms_eps)
+
+
+def hc_pre(
+    R: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, *, hc_eps: float, iters: int,
+    rms_eps: float, backend: str = "auto",
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    """R [T, n, H] (fp32/bf16); fn fp32 [(2+n)n, nH]; base fp32 [(2+n)n]; scale fp32 [3].
+    Returns y fp32 [T, H] (before the sublayer's RMSNorm), post fp32 [T, n], C fp32 [T, n, n]."""
+    T, n, H = _check_R(R)
+    rows = (2 + n) * n
+    check(fn.shape == (rows, n * H), f"fn: [{rows}, {n * H}], got {tuple(fn.shape)}")
+    check(base.shape == (rows,) and base.dtype == torch.float32, f"base: fp32 [{rows}]")
+    check(scale.shape == (3,) and scale.dtype == torch.float32, "scale: fp32 [3]")
+    if backend == "sglang":
+        from sglang.kernels.ops.layernorm.mhc import _hc_split_sinkhorn_triton, mhc_combine
+
+        m = hc_mix(R, fn, rms_eps, "sglang")
+        pre, post, C = _hc_split_sinkhorn_triton(m[None], scale, base, n, iters, hc_eps)
+        y = mhc_combine(R.reshape(T, n * H).contiguous(), pre[0].contiguous(), n, torch.float32)
+        return y, post[0], C[0]
+    m = hc_mix(R, fn, rms_eps)
+    y = torch.empty(T, H, dtype=torch.float32, device=R.device)
+    pre = torch.empty(T, n, dtype=torch.float32, device=R.device)
+    post = torch.empty(T, n, dtype=torch.float32, device=R.device)
+    C = torch.empty(T, n, n, dtype=torch.float32, device=R.device)
+    if T:
+        hc_pre_tail_kernel[(T,)](
+            m, m.stride(0), base, scale, R, R.stride(0), R.stride(1), H, pre, post, C, y, y.stride(0), float(hc_eps),
+            N=n, NP=triton.next_power_of_2(n), ITERS=iters, BLOCK=min(1024, triton.next_power_of_2(H)), HEAD=False,
+            num_warps=4,
+        )  # fmt: skip
+    return y, post, C
+
+
+def hc_post(f: torch.Tensor, R: torch.Tensor, post: torch.Tensor, C: torch.Tensor, out: torch.Tensor | None = None):
+    """f [T, H] (sublayer output), R [T, n, H], post fp32 [T, n], C fp32 [T, n, n] (contiguous).
+    Returns R' [T, n, H] in R's dtype (or ``out``)."""
+    T, n, H = _check_R(R)
+    check(f.shape == (T, H) and f.stride(1) == 1, f"f: [{T}, {H}]")
+    check(post.shape == (T, n) and post.dtype == torch.float32 and post.is_contiguous(), f"post: fp32 [{T}, {n}]")
+    check(C.shape == (T, n, n) and C.dtype == torch.float32 and C.is_contiguous(), f"C: fp32 [{T}, {n}, {n}]")
+    if out is None:
+        out = torch.empty_like(R)
+    check(out.shape == R.shape and out.stride(2) == 1, "out: like R")
+    if T:
+        blk = min(1024, triton.next_power_of_2(H))
+        hc_post_kernel[(T, triton.cdiv(H, blk))](
+            f, f.stride(0), R, R.stride(0), R.stride(1), post, C, out, out.stride(0), out.stride(1), H,
+            N=n, NP=triton.next_power_of_2(n), BLOCK=blk, num_warps=4,
+        )  # fmt: skip
+    return out
+
+
+def hc_head(
+    R: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, *, hc_eps: float, rms_eps: float,
+    backend: str = "auto",
+) -> torch.Tensor:  # fmt: skip
+    """R [T, n, H]; fn fp32 [n, nH]; base fp32 [n]; scale fp32 [1]. Returns y fp32 [T, H]."""
+    T, n, H = _check_R(R)
+    check(fn.shape == (n, n * H) and base.shape == (n,) and scale.numel() >= 1, "hc_head params: fn [n, nH], base [n]")
+    m = hc_mix(R, fn, rms_eps, "sglang" if backend == "sglang" else "ours")
+    y = torch.empty(T, H, dtype=torch.float32, device=R.device)
+    if T:
+        hc_pre_tail_kernel[(T,)](
+            m, m.stride(0), base, scale, R, R.stride(0), R.stride(1), H, y, y, y, y, y.stride(0), float(hc_eps),
+            N=n, NP=triton.next_power_of_2(n), ITERS=1, BLOCK=min(1024, triton.next_power_of_2(H)), HEAD=True,
+            num_warps=4,
+        )  # fmt: skip
+    return y

@@ -1,0 +1,56 @@
+"""mHC kernels (ours and SGLang's Triton pieces) vs sglang_ernie55.reference.mhc."""
+
+import pytest
+import torch
+from kutil import DEV, rel
+
+from sglang_ernie55.kernels import mhc as K
+from sglang_ernie55.reference import mhc as M
+
+
+def _params(n, H, rows):
+    fn = torch.randn(rows, n * H, device=DEV) * (n * H) ** -0.5
+    base = torch.randn(rows, device=DEV) * 0.5
+    scale = torch.rand(3, device=DEV) + 0.5
+    return fn, base, scale
+
+
+def _sglang_ok():
+    try:
+        import sglang.kernels.ops.layernorm.mhc  # noqa: F401
+
+        return True
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def _check(T, n, H, dtype, backend):
+    if backend == "sglang" and not _sglang_ok():
+        pytest.skip("SGLang's mhc module does not import here")
+    torch.manual_seed(0)
+    R = torch.randn(T, n, H, device=DEV).to(dtype)
+    fn, base, scale = _params(n, H, (2 + n) * n)
+    y, post, C = K.hc_pre(R, fn, base, scale, hc_eps=1e-6, iters=20, rms_eps=1e-6, backend=backend)
+    ry, rpost, rC = M.hc_pre(R.float().cpu(), fn.cpu(), base.cpu(), scale.cpu(), hc_eps=1e-6, iters=20, rms_eps=1e-6)
+    tol = 1e-4 if DEV == "cpu" else 2e-3  # cuBLAS may use tf32-free fp32 GEMM; Sinkhorn amplifies little
+    assert rel(y.cpu(), ry) < tol and rel(post.cpu(), rpost) < tol and rel(C.cpu(), rC) < tol
+    f = torch.randn(T, H, device=DEV).to(dtype)
+    out = K.hc_post(f, R, rpost.to(DEV), rC.to(DEV).contiguous())
+    ref = M.hc_post(f.float().cpu(), R.float().cpu(), rpost, rC)
+    assert rel(out.float().cpu(), ref) < (1e-6 if dtype == torch.float32 else 8e-3)
+    hfn, hbase, hscale = _params(n, H, n)
+    yh = K.hc_head(R, hfn, hbase, hscale[:1], hc_eps=1e-6, rms_eps=1e-6, backend=backend)
+    rh = M.hc_head(R.float().cpu(), hfn.cpu(), hbase.cpu(), hscale[:1].cpu(), hc_eps=1e-6, rms_eps=1e-6)
+    assert rel(yh.cpu(), rh) < tol
+
+
+@pytest.mark.parametrize("backend", ["ours", "sglang"])
+def test_mhc_tiny(backend):
+    _check(3, 4, 64, torch.float32, backend)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["ours", "sglang"])
+@pytest.mark.parametrize("T", [1, 19, 1000])
+def test_mhc_full(backend, T):
+    _check(T, 4, 4096, torch.bfloat16, backend)
