@@ -214,7 +214,15 @@ def test_deepep_needs_ep_4(ernie):
     assert "--ep >= 4" in msg and "per-rank expert limit" in msg and "256 of 512" in msg
 
 
-@pytest.mark.parametrize("flags,ep", [(["--tp", "4"], 4), (["--tp", "8", "--ep", "2"], 8)])
+def test_deepep_refuses_a_given_ep_below_4(ernie):
+    """SGLang would silently run EP = --tp; the user asked for a layout this model cannot run."""
+    e = rejects(ernie, "--tp", "8", "--ep", "2", "--moe-a2a-backend", "deepep")
+    assert e.value == 2 and "SGLang would run EP = --tp = 8" in str(e)
+
+
+@pytest.mark.parametrize(
+    "flags,ep", [(["--tp", "4"], 4), (["--tp", "8"], 8), (["--tp", "8", "--ep", "4"], 8)]
+)
 def test_deepep_with_ep_4_or_more(ernie, flags, ep):
     d = resolved(ernie, *flags, "--moe-a2a-backend", "deepep")
     assert (d["moe_a2a_backend"], d["ep_size"]) == ("deepep", ep)

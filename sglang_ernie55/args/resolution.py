@@ -118,11 +118,13 @@ def a2a_moe(server_args: Any, previous) -> None:
         n_experts = int(getattr(_hf_config(server_args), "n_routed_experts", rules.FULL_MODEL_ROUTED_EXPERTS))
         view = resolved_view(server_args)
         ep = view.tp_size if view.moe_a2a_backend == "deepep" else view.ep_size
-        rules.check_a2a(view.moe_a2a_backend, ep, view.pp_size, n_experts)
+        rules.check_a2a(view.moe_a2a_backend, ep, view.pp_size, n_experts, user_ep=server_args.ep_size)
     previous(server_args)
     if ernie:
         view = resolved_view(server_args)
-        rules.check_a2a(view.moe_a2a_backend, view.ep_size, view.pp_size, n_experts)
+        rules.check_a2a(
+            view.moe_a2a_backend, view.ep_size, view.pp_size, n_experts, user_ep=server_args.ep_size
+        )
 
 
 def speculative_decoding(server_args: Any, previous) -> None:

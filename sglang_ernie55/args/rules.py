@@ -152,8 +152,19 @@ def check_attention_tp(
     )
 
 
-def check_a2a(backend: str, ep: int, pp: int, n_routed_experts: int = FULL_MODEL_ROUTED_EXPERTS) -> None:
-    """`deepep` needs EP >= 4; under pipeline parallelism the a2a backend must be `none`."""
+def check_a2a(
+    backend: str,
+    ep: int,
+    pp: int,
+    n_routed_experts: int = FULL_MODEL_ROUTED_EXPERTS,
+    user_ep: int | None = None,
+) -> None:
+    """`deepep` needs EP >= 4; under pipeline parallelism the a2a backend must be `none`.
+
+    `ep`: the expert parallel size that will run (SGLang sets it to --tp under deepep). `user_ep`: the
+    `--ep` the user typed; 2 or 3 with deepep is refused too, even though SGLang would replace it by
+    --tp, because it asks for a layout this model cannot run (1 is SGLang's unset default).
+    """
     if pp > 1 and backend != "none":
         raise Ernie55ArgumentError(
             "--moe-a2a-backend", backend, "none (with --pp-size > 1)",
@@ -161,20 +172,26 @@ def check_a2a(backend: str, ep: int, pp: int, n_routed_experts: int = FULL_MODEL
             "the deployment guides set --moe-a2a-backend none under PP.",
             "Drop --moe-a2a-backend (or pass none), or drop --pp-size.",
         )  # fmt: skip
-    if backend == "deepep" and ep < DEEPEP_MIN_EP:
-        per_rank = n_routed_experts // max(ep, 1)
-        full = FULL_MODEL_ROUTED_EXPERTS // max(ep, 1)
-        full_note = (
-            "" if n_routed_experts == FULL_MODEL_ROUTED_EXPERTS else f" ({full} of 512 for the full model)"
-        )
-        raise Ernie55ArgumentError(
-            "--moe-a2a-backend deepep with --ep", ep, f"--ep >= {DEEPEP_MIN_EP}",
-            f"at expert parallel size {ep} each rank holds {per_rank} of the {n_routed_experts} routed experts"
-            f"{full_note}, beyond DeepEP's per-rank expert limit; from --ep "
-            f"{DEEPEP_MIN_EP} a rank holds at most {FULL_MODEL_ROUTED_EXPERTS // DEEPEP_MIN_EP} of 512. SGLang sets "
-            "the expert parallel size to --tp under deepep.",
-            f"Use --tp/--ep >= {DEEPEP_MIN_EP}, or drop --moe-a2a-backend deepep (--moe-a2a-backend none).",
-        )  # fmt: skip
+    if backend != "deepep":
+        return
+    asked = user_ep if user_ep is not None and 1 < user_ep < DEEPEP_MIN_EP else None
+    if ep >= DEEPEP_MIN_EP and asked is None:
+        return
+    bad = ep if ep < DEEPEP_MIN_EP else asked
+    per_rank = n_routed_experts // max(bad, 1)
+    full = FULL_MODEL_ROUTED_EXPERTS // max(bad, 1)
+    full_note = (
+        "" if n_routed_experts == FULL_MODEL_ROUTED_EXPERTS else f" ({full} of 512 for the full model)"
+    )
+    runs = f" (SGLang would run EP = --tp = {ep} instead, against the --ep you gave)" if ep != bad else ""
+    raise Ernie55ArgumentError(
+        "--moe-a2a-backend deepep with --ep", bad, f"--ep >= {DEEPEP_MIN_EP}",
+        f"at expert parallel size {bad} each rank holds {per_rank} of the {n_routed_experts} routed experts"
+        f"{full_note}, beyond DeepEP's per-rank expert limit; from --ep {DEEPEP_MIN_EP} a rank holds at most "
+        f"{FULL_MODEL_ROUTED_EXPERTS // DEEPEP_MIN_EP} of 512. Under deepep SGLang sets the expert parallel "
+        f"size to --tp{runs}.",
+        f"Use --tp >= {DEEPEP_MIN_EP} with --ep left out or equal to --tp, or drop --moe-a2a-backend deepep.",
+    )  # fmt: skip
 
 
 class SpecDecision(NamedTuple):
@@ -309,7 +326,9 @@ ERNIE55_FLAG_RULES: tuple[FlagRule, ...] = (
     FlagRule("`--tp`, `--attn-dp-size`, `--attn-cp-size`",
              "attention TP = tp / attn_dp / attn_cp must divide 8 (o_groups); else error with the computed "
              "attention TP and the nearest legal settings (`--tp 16 --attn-dp-size 2` is legal)"),
-    FlagRule("`--moe-a2a-backend deepep`", "needs `--ep` >= 4 (SGLang sets ep = tp); else error (experts per rank)"),
+    FlagRule("`--moe-a2a-backend deepep`",
+             "needs EP >= 4: SGLang runs ep = tp, so `--tp` >= 4, and a given `--ep 2`/`3` is refused too; "
+             "else error (experts per rank vs DeepEP's limit)"),
     FlagRule("`--moe-a2a-backend` with `--pp-size` > 1", "must be `none`; else error"),
     FlagRule("`--speculative-algorithm`", "`EAGLE` or `NEXTN` (ECHO); `DSPARK`: error (Base has no DSpark draft); "
              "others: error. The draft path defaults to the model path (ECHO ships in the checkpoint)"),
