@@ -1,0 +1,44 @@
+"""Multi-router top-k for the latent MoE (feeds SGLang's FusedMoE at the latent width).
+
+Formula (functional.multi_router_topk): s = mean_r sigmoid(x @ router_r^T) (fp32);
+idx = topk(s + e_score_correction_bias, k), ties to the lower expert id;
+w = s[idx] / (sum(s[idx]) + 1e-20) (if norm_topk_prob) * routed_scaling_factor.
+
+The router GEMM (x @ [router_0; ...; router_{R-1}]^T, one [T, R*E] fp32 product) runs in cuBLAS; the
+kernel fuses sigmoid, mean, bias, top-k and normalisation (one program per token). The result is what
+SGLang's ``StandardTopKOutput(topk_weights, topk_ids, router_logits)`` carries into FusedMoE.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+
+from ._pool import check
+from ._triton.router import router_topk_kernel
+
+
+def router_logits(x: torch.Tensor, routers_cat: torch.Tensor) -> torch.Tensor:
+    """[T, R*E] fp32 = x @ routers_cat^T in fp32 (routers_cat = torch.cat(routers) [R*E, H])."""
+    return x.float() @ routers_cat.float().t()
+
+
+def multi_router_topk(
+    logits: torch.Tensor, num_routers: int, bias: torch.Tensor, topk: int, norm_topk_prob: bool, scaling: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits fp32 [T, R*E] (router-major: columns r*E .. r*E+E-1 are router r), bias fp32 [E].
+    Returns (topk_weights fp32 [T, topk], topk_ids int32 [T, topk]); ids in descending biased score."""
+    check(logits.dim() == 2 and logits.dtype == torch.float32 and logits.stride(1) == 1, "logits: fp32 [T, R*E]")
+    T, RE = logits.shape
+    check(RE % num_routers == 0, f"logits width {RE} is not num_routers * E")
+    E = RE // num_routers
+    check(bias.shape == (E,) and bias.dtype == torch.float32 and bias.is_contiguous(), f"bias: fp32 [{E}]")
+    check(1 <= topk <= E, f"topk {topk} out of range for {E} experts")
+    w = torch.empty(T, topk, dtype=torch.float32, device=logits.device)
+    ids = torch.empty(T, topk, dtype=torch.int32, device=logits.device)
+    if T:
+        router_topk_kernel[(T,)](
+            logits, logits.stride(0), bias, w, ids, E, float(scaling),
+            R=num_routers, EP=triton.next_power_of_2(E), K=topk, KP=triton.next_power_of_2(topk), NORM=norm_topk_prob, num_warps=4,
+        )  # fmt: skip
+    return w, ids
