@@ -164,13 +164,26 @@ def test_misshaped_tensor_named(ckpts, tmp_path):
         load_checkpoint(bad)
 
 
-def test_mistyped_tensor_named(ckpts, tmp_path):
-    name = "model.layers.0.attn_hc.fn"  # raw parameter: must be fp32
-    bad = _edit(ckpts["bf16"], tmp_path / "c", replace={name: torch.zeros(24, 1024, dtype=torch.bfloat16)})
+def test_mistyped_tensor_named_and_float_widths_accepted(ckpts, tmp_path):
+    name = "model.layers.0.attn_hc.fn"  # raw parameter, fp32 in the spec
+    bad = _edit(ckpts["bf16"], tmp_path / "a", replace={name: torch.zeros(24, 1024, dtype=torch.int32)})
     with pytest.raises(
-        CheckpointError, match=r"attn_hc\.fn \(found \[24, 1024\] bfloat16, expected \[24, 1024\] float32"
+        CheckpointError, match=r"attn_hc\.fn \(found \[24, 1024\] int32, expected \[24, 1024\] float32"
     ):
         load_checkpoint(bad)
+    norm = "model.layers.2.input_layernorm.weight"  # bf16 in the spec
+    bad = _edit(ckpts["bf16"], tmp_path / "b", replace={norm: torch.zeros(256, dtype=FP8_DTYPE)})
+    with pytest.raises(
+        CheckpointError,
+        match=r"input_layernorm\.weight \(found \[256\] float8_e4m3fn, expected \[256\] bfloat16",
+    ):
+        load_checkpoint(bad)
+    # another float width for a non-FP8 tensor reads (a real checkpoint may keep norms in fp32)
+    ok = _edit(ckpts["bf16"], tmp_path / "c", replace={name: torch.full((24, 1024), 0.5, dtype=torch.bfloat16),
+                                                       norm: torch.full((256,), 0.25, dtype=torch.float32)})  # fmt: skip
+    _, sd = load_checkpoint(ok, dtype=torch.bfloat16)
+    assert sd[name].dtype == torch.float32 and (sd[name] == 0.5).all()
+    assert sd[norm].dtype == torch.bfloat16 and (sd[norm] == 0.25).all()
 
 
 def test_fp8_scale_missing_or_misshaped_named(ckpts, tmp_path):

@@ -45,6 +45,9 @@ _ST_DTYPES = {
 }  # fmt: skip
 
 
+_WIDE_FLOATS = (torch.float32, torch.bfloat16, torch.float16)
+
+
 def read_config(path: str | Path) -> Ernie55Config:
     """config.json of a checkpoint directory as an Ernie55Config (errors name the file and field)."""
     f = Path(path) / "config.json"
@@ -131,11 +134,22 @@ class CheckpointReader:
 
     # ------------------------------------------------------------------ strict check
     def check(self) -> None:
-        """Raise CheckpointError naming every tensor that is missing, unexpected, mis-shaped or mis-typed."""
+        """Raise CheckpointError naming every tensor that is missing, unexpected, mis-shaped or mis-typed.
+
+        Shapes must match exactly. Dtypes: FP8 weights must be float8_e4m3fn and their scales fp32;
+        a tensor the spec stores in bf16 or fp32 may come in any of bf16 / fp16 / fp32 (a real
+        checkpoint may keep norms or raw parameters at another float width; values convert exactly
+        upward), anything else (an integer, an FP8 tensor where no scale belongs) is mis-typed.
+        """
+        expected = stored_tensors(self.config, self.fmt)
+        found = {}
+        for name, (shape, dtype) in self.stored.items():
+            want = expected.get(name)
+            if want is not None and want[1] in _WIDE_FLOATS and dtype in _WIDE_FLOATS:
+                dtype = want[1]
+            found[name] = (shape, dtype)
         check_tensor_set(
-            f"checkpoint {self.path} ({self.fmt}) does not match its config.json",
-            self.stored,
-            stored_tensors(self.config, self.fmt),
+            f"checkpoint {self.path} ({self.fmt}) does not match its config.json", found, expected
         )
 
     # ------------------------------------------------------------------ reading
