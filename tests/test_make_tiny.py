@@ -85,6 +85,12 @@ def test_layers_option(tmp_path):
     assert main(["make-tiny", "--out", str(tmp_path / "z"), "--layers", "0"]) == 2
 
 
+def test_full_width_refuses_the_in_memory_init(tmp_path, capsys):
+    out = tmp_path / "fw"
+    assert main(["make-tiny", "--out", str(out), "--preset", "full-width", "--init", "reference"]) == 1
+    assert "use --init spec" in capsys.readouterr().err and not out.exists()
+
+
 def test_presets():
     assert preset_config("tiny").to_config_json() == tiny_config().to_config_json()
     assert preset_layer_types(4) == tiny_config().layer_types

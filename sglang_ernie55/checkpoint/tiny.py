@@ -72,6 +72,11 @@ def make_checkpoint(
     init = init or DEFAULT_INIT[preset]
     if init not in INITS:
         raise ValueError(f"init must be one of {INITS}, got {init!r}")
+    if init == "reference" and preset != "tiny":
+        raise ValueError(
+            f"--init reference builds the whole {preset} model in host memory (fp32 first); "
+            "use --init spec, which streams tensor by tensor"
+        )
     if init == "reference":
         tensors = reference_model(config, seed).state_dict()
     else:
