@@ -22,16 +22,22 @@ import triton
 from sglang_ernie55.kernels import layout as L
 from sglang_ernie55.kernels.indexer import indexer_logits, indexer_topk
 from sglang_ernie55.kernels.kv_store import kv_store
-from sglang_ernie55.kernels.sparse_attn import Scope, flashmla_sparse_attention, sparse_mqa_attention
+from sglang_ernie55.kernels.sparse_attn import (
+    LAST_COMPILED,
+    Scope,
+    flashmla_sparse_attention,
+    sparse_mqa_attention,
+)
 
 DEV = "cuda"
 H = 64
 
 
 def bench(fn) -> float:
+    """Median ms of CUDA-graph replays (no Python launch overhead in the number)."""
     fn()
     torch.cuda.synchronize()
-    return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+    return triton.testing.do_bench_cudagraph(fn, rep=60, return_mode="median")
 
 
 def copy_bandwidth() -> float:
@@ -96,12 +102,19 @@ def have_flashmla() -> bool:
         return False
 
 
-CONFIGS = [  # (block_h, block_n, num_warps, num_stages)
-    (64, 32, 8, 1),
-    (64, 64, 8, 1),
-    (32, 32, 4, 1),
-    (64, 32, 8, 2),
-    (16, 64, 4, 1),
+def kw(c):
+    return dict(block_h=c[0], block_n=c[1], num_warps=c[2], num_stages=c[3], dv_split=c[4])
+
+
+CONFIGS = [  # (block_h, block_n, num_warps, num_stages, dv_split)
+    (64, 32, 8, 1, 1),
+    (64, 64, 8, 1, 1),
+    (64, 32, 8, 1, 2),
+    (64, 64, 8, 1, 2),
+    (64, 32, 4, 1, 2),
+    (64, 64, 4, 2, 2),
+    (32, 64, 4, 1, 1),
+    (64, 16, 4, 1, 2),
 ]
 
 
@@ -113,7 +126,14 @@ def sweep(name, run):
         except Exception as e:  # noqa: BLE001
             print(f"  {name} config {c}: failed {type(e).__name__}: {str(e)[:120]}")
             continue
-        print(f"  {name} config {c}: {ms * 1e3:.1f} us")
+        ck = LAST_COMPILED.get("split")
+        regs = f"regs {ck.n_regs} spills {ck.n_spills}" if hasattr(ck, "n_regs") else ""
+        wg = ""
+        try:
+            wg = "wgmma" if "wgmma" in ck.asm["ptx"] else "mma.sync"
+        except Exception:  # noqa: BLE001
+            pass
+        print(f"  {name} config {c}: {ms * 1e3:.1f} us {regs} {wg}")
         if best is None or ms < best[0]:
             best = (ms, c)
     return best[1]
@@ -136,16 +156,12 @@ def main():
     # --- config sweep on the 128K shapes
     hq, hmain, hextra, hsink, _ = hca_inputs("fp8", 64, 128 * 1024)
     hcfg = sweep("hca fp8 b64 128K", lambda c: sparse_mqa_attention(
-        hq, hmain, hextra, sm_scale=512**-0.5, d_v=512, sink=hsink, block_h=c[0], block_n=c[1], num_warps=c[2],
-        num_stages=c[3]))  # fmt: skip
+        hq, hmain, hextra, sm_scale=512**-0.5, d_v=512, sink=hsink, **kw(c)))  # fmt: skip
     mq, msc, _ = mla_inputs("fp8", 64)
     mcfg = sweep("mla fp8 b64", lambda c: sparse_mqa_attention(
-        mq, msc, sm_scale=192**-0.5, d_v=512, block_h=c[0], block_n=c[1], num_warps=c[2], num_stages=c[3]))  # fmt: skip
+        mq, msc, sm_scale=192**-0.5, d_v=512, **kw(c)))  # fmt: skip
     hq = hmain = hextra = mq = msc = None
     print(f"chosen configs: hca {hcfg}, mla {mcfg}")
-
-    def kw(c):
-        return dict(block_h=c[0], block_n=c[1], num_warps=c[2], num_stages=c[3])
 
     batches = [1, 8, 64, 256]
     ctxs = [4096, 32768, 131072, 1 << 20]
@@ -220,7 +236,7 @@ def main():
     lines = [
         f"Measured {stamp} on {props.name} ({props.multi_processor_count} SMs), torch {torch.__version__}, "
         f"triton {triton.__version__}. Copy bandwidth (read + write, 2 GiB): **{bw:.2f} TB/s**. "
-        f"Configs: HCA {hcfg}, MLA {mcfg} (block_h, block_n, warps, stages).",
+        f"Configs: HCA {hcfg}, MLA {mcfg} (block_h, block_n, warps, stages, dv_split). Times: median of CUDA-graph replays.",
         "",
         "| kernel | kv | batch | context | ours (us) | ours TB/s | % of copy BW | FlashMLA (us) | ours / FlashMLA | extra |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",

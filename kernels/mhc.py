@@ -25,7 +25,9 @@ from ._triton.mhc import hc_post_kernel, hc_pre_tail_kernel
 
 
 def _check_R(R: torch.Tensor, name: str = "R") -> tuple[int, int, int]:
-    check(R.dim() == 3 and R.stride(2) == 1, f"{name}: [T, n, H] with contiguous last dim, got {tuple(R.shape)}")
+    check(
+        R.dim() == 3 and R.stride(2) == 1, f"{name}: [T, n, H] with contiguous last dim, got {tuple(R.shape)}"
+    )
     check(R.dtype in (torch.float32, torch.bfloat16, torch.float16), f"{name}: float dtype, got {R.dtype}")
     return R.shape
 
@@ -75,12 +77,17 @@ def hc_pre(
     return y, post, C
 
 
-def hc_post(f: torch.Tensor, R: torch.Tensor, post: torch.Tensor, C: torch.Tensor, out: torch.Tensor | None = None):
+def hc_post(
+    f: torch.Tensor, R: torch.Tensor, post: torch.Tensor, C: torch.Tensor, out: torch.Tensor | None = None
+):
     """f [T, H] (sublayer output), R [T, n, H], post fp32 [T, n], C fp32 [T, n, n] (contiguous).
     Returns R' [T, n, H] in R's dtype (or ``out``)."""
     T, n, H = _check_R(R)
     check(f.shape == (T, H) and f.stride(1) == 1, f"f: [{T}, {H}]")
-    check(post.shape == (T, n) and post.dtype == torch.float32 and post.is_contiguous(), f"post: fp32 [{T}, {n}]")
+    check(
+        post.shape == (T, n) and post.dtype == torch.float32 and post.is_contiguous(),
+        f"post: fp32 [{T}, {n}]",
+    )
     check(C.shape == (T, n, n) and C.dtype == torch.float32 and C.is_contiguous(), f"C: fp32 [{T}, {n}, {n}]")
     if out is None:
         out = torch.empty_like(R)
@@ -100,7 +107,10 @@ def hc_head(
 ) -> torch.Tensor:  # fmt: skip
     """R [T, n, H]; fn fp32 [n, nH]; base fp32 [n]; scale fp32 [1]. Returns y fp32 [T, H]."""
     T, n, H = _check_R(R)
-    check(fn.shape == (n, n * H) and base.shape == (n,) and scale.numel() >= 1, "hc_head params: fn [n, nH], base [n]")
+    check(
+        fn.shape == (n, n * H) and base.shape == (n,) and scale.numel() >= 1,
+        "hc_head params: fn [n, nH], base [n]",
+    )
     m = hc_mix(R, fn, rms_eps, "sglang" if backend == "sglang" else "ours")
     y = torch.empty(T, H, dtype=torch.float32, device=R.device)
     if T:

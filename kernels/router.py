@@ -24,11 +24,18 @@ def router_logits(x: torch.Tensor, routers_cat: torch.Tensor) -> torch.Tensor:
 
 
 def multi_router_topk(
-    logits: torch.Tensor, num_routers: int, bias: torch.Tensor, topk: int, norm_topk_prob: bool, scaling: float
+    logits: torch.Tensor,
+    num_routers: int,
+    bias: torch.Tensor,
+    topk: int,
+    norm_topk_prob: bool,
+    scaling: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """logits fp32 [T, R*E] (router-major: columns r*E .. r*E+E-1 are router r), bias fp32 [E].
     Returns (topk_weights fp32 [T, topk], topk_ids int32 [T, topk]); ids in descending biased score."""
-    check(logits.dim() == 2 and logits.dtype == torch.float32 and logits.stride(1) == 1, "logits: fp32 [T, R*E]")
+    check(
+        logits.dim() == 2 and logits.dtype == torch.float32 and logits.stride(1) == 1, "logits: fp32 [T, R*E]"
+    )
     T, RE = logits.shape
     check(RE % num_routers == 0, f"logits width {RE} is not num_routers * E")
     E = RE // num_routers

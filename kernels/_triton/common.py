@@ -141,3 +141,38 @@ def encode_store(
             tl.store(u8_ptr + srow + t, sb, mask=t < SCALE_BYTES)
         else:
             tl.store(f32_ptr + (srow + 4 * t) // 4, pow2_float(e), mask=t < NQT)
+
+
+@triton.jit
+def load_part(
+    u8_ptr, f8_ptr, bf_ptr, f32_ptr, row, srow, valid, d0,
+    KIND: tl.constexpr, W: tl.constexpr, NOPE: tl.constexpr, TILE: tl.constexpr, BN: tl.constexpr,
+):  # fmt: skip
+    """[BN, W] fp32: dims d0 .. d0 + W - 1 of the main segment (d0 a runtime multiple of TILE), with
+    the same encoding rules as ``load_main``."""
+    d = d0 + tl.arange(0, W)
+    vmask = valid[:, None]
+    if KIND == 0:
+        v = tl.load(bf_ptr + (row[:, None] + 2 * d[None, :]) // 2, mask=vmask, other=0.0).to(tl.float32)
+    else:
+        NT: tl.constexpr = W // TILE
+        is_q = d < NOPE
+        q = tl.load(f8_ptr + row[:, None] + d[None, :], mask=vmask & is_q[None, :], other=0.0).to(tl.float32)
+        t = d0 // TILE + tl.arange(0, NT)
+        tmask = vmask & (t < NOPE // TILE)[None, :]
+        if KIND == 1:
+            sb = tl.load(u8_ptr + srow[:, None] + t[None, :], mask=tmask, other=127).to(tl.int32)
+            sc = (sb << 23).to(tl.float32, bitcast=True)
+        else:
+            sc = tl.load(f32_ptr + (srow[:, None] + 4 * t[None, :]) // 4, mask=tmask, other=1.0)
+        q = tl.reshape(tl.reshape(q, (BN, NT, TILE)) * sc[:, :, None], (BN, W))
+        if NOPE < 2 * W:
+            b = tl.load(
+                bf_ptr + (row[:, None] + NOPE + 2 * (d[None, :] - NOPE)) // 2,
+                mask=vmask & (d >= NOPE)[None, :],
+                other=0.0,
+            ).to(tl.float32)
+            v = tl.where(is_q[None, :], q, b)
+        else:
+            v = q
+    return v

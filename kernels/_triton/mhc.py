@@ -18,7 +18,9 @@ def hc_pre_tail_kernel(
     i = tl.arange(0, NP)
     im = i < N
     s0 = tl.load(scale_ptr)
-    pre = tl.sigmoid(tl.load(m_ptr + t * m_stride + i, mask=im, other=0.0) * s0 + tl.load(base_ptr + i, mask=im, other=0.0))
+    pre = tl.sigmoid(
+        tl.load(m_ptr + t * m_stride + i, mask=im, other=0.0) * s0 + tl.load(base_ptr + i, mask=im, other=0.0)
+    )
     pre = tl.where(im, pre + hc_eps, 0.0)
     if not HEAD:
         s1 = tl.load(scale_ptr + 1)
@@ -31,7 +33,9 @@ def hc_pre_tail_kernel(
         kk = i[None, :]
         mm = (jj < N) & (kk < N)
         off = 2 * N + jj * N + kk
-        c = tl.load(m_ptr + t * m_stride + off, mask=mm, other=0.0) * s2 + tl.load(base_ptr + off, mask=mm, other=0.0)
+        c = tl.load(m_ptr + t * m_stride + off, mask=mm, other=0.0) * s2 + tl.load(
+            base_ptr + off, mask=mm, other=0.0
+        )
         c = tl.where(mm, c, float("-inf"))
         c = tl.exp(c - tl.max(c, 1)[:, None])
         c = tl.where(mm, c, 0.0)

@@ -47,7 +47,9 @@ def _check(name, n_tok, pages):
                                         (off - g.scale_base) // max(g.scale_stride, 1))  # fmt: skip
             hit = (slots == idx).nonzero().flatten().tolist()
             tok.append((b, idx, hit[:1], x[hit[0]].float().abs().amax().item() if hit else None))
-        raise AssertionError(f"{name}: {(got.cpu() != ref).sum().item()} bytes differ: got {gb} ref {rb} at {tok}")
+        raise AssertionError(
+            f"{name}: {(got.cpu() != ref).sum().item()} bytes differ: got {gb} ref {rb} at {tok}"
+        )
     back = R.pool_gather(got.cpu(), g, slots[keep])
     tol = 0.04 if g.layout.is_fp8 else 0.0
     assert rel(back, x[keep].float()) <= tol

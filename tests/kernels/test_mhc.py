@@ -3,8 +3,8 @@
 import pytest
 import torch
 from kutil import DEV, rel
-
 from sglang_ernie55.kernels import mhc as K
+
 from sglang_ernie55.reference import mhc as M
 
 
@@ -31,7 +31,9 @@ def _check(T, n, H, dtype, backend):
     R = torch.randn(T, n, H, device=DEV).to(dtype)
     fn, base, scale = _params(n, H, (2 + n) * n)
     y, post, C = K.hc_pre(R, fn, base, scale, hc_eps=1e-6, iters=20, rms_eps=1e-6, backend=backend)
-    ry, rpost, rC = M.hc_pre(R.float().cpu(), fn.cpu(), base.cpu(), scale.cpu(), hc_eps=1e-6, iters=20, rms_eps=1e-6)
+    ry, rpost, rC = M.hc_pre(
+        R.float().cpu(), fn.cpu(), base.cpu(), scale.cpu(), hc_eps=1e-6, iters=20, rms_eps=1e-6
+    )
     tol = 1e-4 if DEV == "cpu" else 2e-3  # cuBLAS may use tf32-free fp32 GEMM; Sinkhorn amplifies little
     assert rel(y.cpu(), ry) < tol and rel(post.cpu(), rpost) < tol and rel(C.cpu(), rC) < tol
     f = torch.randn(T, H, device=DEV).to(dtype)

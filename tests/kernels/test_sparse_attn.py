@@ -57,6 +57,10 @@ def test_hca_decode_tiny(kv, splits):
     _hca_case(kv, [1, 127, 129, 257], 1, H=4, num_splits=splits, check_mask_ref=True)
 
 
+def test_hca_dv_split_tiny():
+    _hca_case("fp8", [129, 300], 2, H=4, num_splits=2, dv_split=2)
+
+
 def test_hca_extend_tiny_dims():
     # tiny head dims (128 = 64 fp8 + 64 bf16 rope), a chunk of 3 queries per request
     _hca_case("fp8", [19, 130], 3, H=2, dim=128, rope=64, num_splits=2)
@@ -97,8 +101,9 @@ RAGGED = [1, 19, 97, 127, 128, 129, 255, 256, 257, 511, 513, 3001]
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("kv", ["fp8", "bf16"])
-def test_hca_decode_full(kv):
-    _hca_case(kv, RAGGED, 1, H=64, check_mask_ref=True)
+@pytest.mark.parametrize("dv_split", [1, 2])
+def test_hca_decode_full(kv, dv_split):
+    _hca_case(kv, RAGGED, 1, H=64, check_mask_ref=True, dv_split=dv_split)
 
 
 @pytest.mark.gpu
@@ -124,7 +129,8 @@ def test_hca_flashmla_same_cache(H):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("kv", ["fp8", "bf16"])
-def test_mla_sparse_full(kv):
+@pytest.mark.parametrize("dv_split", [1, 2])
+def test_mla_sparse_full(kv, dv_split):
     torch.manual_seed(2)
     g = L.mla_geometry(kv)
     reqs = PagedRequests([1, 97, 2048, 2049, 5000])
@@ -141,13 +147,29 @@ def test_mla_sparse_full(kv):
     ln = torch.tensor([len(r) for r in rows], dtype=torch.int32)
     idx, ln = idx.to(DEV), ln.to(DEV)
     q = torch.randn(len(rows), 128, 576, device=DEV).to(torch.bfloat16)
-    o, _ = sparse_mqa_attention(q, Scope(pool, g, idx, ln), sm_scale=192**-0.5, d_v=512)
+    o, _ = sparse_mqa_attention(q, Scope(pool, g, idx, ln), sm_scale=192**-0.5, d_v=512, dv_split=dv_split)
     ref = R.sparse_attention(q.cpu(), [(pool.cpu(), g, idx.cpu(), ln.cpu())], None, 192**-0.5, 512)
     assert rel(o.cpu(), ref) < TOL[kv]
-    if kv == "fp8":
+    if kv == "fp8" and dv_split == 1:
         try:
             import flash_mla  # noqa: F401
         except ImportError:
             return
         fo, _ = flashmla_sparse_attention(q, Scope(pool, g, idx, ln), sm_scale=192**-0.5, d_v=512)
         assert rel(fo.float(), o.float()) < 1e-2, rel(fo.float(), o.float())
+
+
+def test_hca_attention_inverse_rope_tiny():
+    """hca_attention = sparse attention + functional.hca_output's inverse rotation of the rope slice."""
+    from kutil import cos_sin
+    from sglang_ernie55.kernels.hca_attn import hca_attention
+
+    from sglang_ernie55.reference import rope
+
+    o, _, (q, main, extra, sink) = _hca_case("bf16", [200, 5], 1, H=2)
+    pos = torch.tensor([199, 4], device=DEV)
+    inv, c, s = cos_sin(256)
+    got = hca_attention(q, main, extra, sink, pos, c, s)
+    ref = o.float().cpu()
+    ref[..., -64:] = rope.apply_rope_interleaved(ref[..., -64:], pos.cpu(), inv, inverse=True)
+    assert rel(got.cpu(), ref) < 1e-2
