@@ -68,8 +68,10 @@ def check_versions() -> list[Check]:
     try:
         sg = version("sglang")
     except PackageNotFoundError:
-        return [Check("sglang", FAIL, f"sglang is not installed (pip install sglang=={SGLANG_PIN})")]
-    if sg == SGLANG_PIN:
+        sg = None
+    if sg is None:
+        out.append(Check("sglang", FAIL, f"sglang is not installed (pip install sglang=={SGLANG_PIN})"))
+    elif sg == SGLANG_PIN:
         out.append(Check("sglang", OK, f"sglang {sg} (the pinned version)", {"version": sg}))
     else:
         out.append(
@@ -132,7 +134,10 @@ def check_models() -> list[Check]:
     from ..configuration import ARCHITECTURES
 
     out = []
-    pkg = importlib.import_module("sglang_ernie55.models")
+    try:
+        pkg = importlib.import_module("sglang_ernie55.models")
+    except Exception as e:  # the package itself imports SGLang: report, do not crash
+        return [Check("import sglang_ernie55.models", FAIL, f"{type(e).__name__}: {e}")]
     found: dict[str, str] = {}
     for info in pkgutil.iter_modules(pkg.__path__):
         name = f"sglang_ernie55.models.{info.name}"
@@ -181,6 +186,21 @@ def check_registry() -> list[Check]:
     return [Check("registry", OK, "SGLang's ModelRegistry resolves both architectures to this plugin")]
 
 
+def _driver_cuda_version() -> str | None:
+    """The CUDA version the driver supports (NVML, read-only), or None where NVML is unavailable."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            v = pynvml.nvmlSystemGetCudaDriverVersion()
+        finally:
+            pynvml.nvmlShutdown()
+        return f"{v // 1000}.{v % 1000 // 10}"
+    except Exception:  # no NVML, no driver: informational only
+        return None
+
+
 def _visible_gpus() -> tuple[list[dict[str, Any]], str | None]:
     try:
         import torch
@@ -218,14 +238,9 @@ def check_gpus(hardware: str | None, precision: str, strategy: str) -> list[Chec
     names = sorted({g["name"] for g in gpus})
     kinds = {g["name"]: gpu_from_device_name(g["name"]) for g in gpus}
     out.append(Check("gpus", OK, f"{len(gpus)} x {', '.join(names)}", {"gpus": gpus}))
-    try:
-        import torch
-
-        drv = torch._C._cuda_getDriverVersion()  # e.g. 13000 -> 13.0
-        out.append(Check("cuda driver", INFO, f"driver supports CUDA {drv // 1000}.{drv % 1000 // 10}; torch runtime "
-                         f"{torch.version.cuda}", {"driver_cuda": f"{drv // 1000}.{drv % 1000 // 10}"}))  # fmt: skip
-    except Exception:  # informational only: private API of torch
-        pass
+    drv = _driver_cuda_version()
+    if drv:
+        out.append(Check("cuda driver", INFO, f"the driver supports CUDA {drv}", {"driver_cuda": drv}))
     if cell:
         want = cell.gpu
         wrong = [n for n, k in kinds.items() if k is None or k.key != want.key]

@@ -177,3 +177,28 @@ def test_cli_json_and_exit_status(cli, monkeypatch):
     assert rc == 1 and json.loads(out)["ok"] is False
     rc, out, _ = cli("preflight", "--help")
     assert rc == 0 and "never starts a server" in " ".join(out.split())
+
+
+def test_without_sglang_every_check_still_reports(monkeypatch):
+    """Seen on a GPU machine without SGLang: the models package itself imports SGLang. Preflight must report
+    that as a failed check, keep going, and still check torch and the GPUs."""
+    import importlib.metadata as md
+    import sys
+
+    real_version = md.version
+
+    def version(name):
+        if name == "sglang":
+            raise md.PackageNotFoundError(name)
+        return real_version(name)
+
+    monkeypatch.setattr(md, "version", version)
+    monkeypatch.setitem(sys.modules, "sglang_ernie55.models", None)  # import raises ImportError
+    monkeypatch.setattr(
+        P, "_visible_gpus", lambda: ([{"index": 0, "name": "NVIDIA H200", "memory_gb": 150.8}], None)
+    )
+    c = by_name(P.run_checks(args(hardware="h200")))
+    assert c["sglang"].status == "fail" and "not installed" in c["sglang"].detail
+    assert c["torch"].status == "ok"  # the version checks go on after sglang's
+    assert c["import sglang_ernie55.models"].status == "fail"
+    assert c["gpu model"].status == "ok" and c["gpu count"].status == "fail"  # 1 of the 4 the cell needs
