@@ -1,1 +1,151 @@
-"""ECHO speculative decoding through SGLang's EAGLE/NEXTN path: draft wiring, weight sharing, hooks."""
+"""ECHO speculative decoding through SGLang's EAGLE/NEXTN path: draft wiring, weight sharing, hooks.
+
+`register()` adds these hooks through SGLang's HookRegistry (patch ledger: docs/hooks.md, section
+"speculative"; design: docs/echo.md). Each falls through to SGLang for every other architecture.
+
+| target | type | what for ERNIE-5.5 |
+| --- | --- | --- |
+| `ModelConfig._config_draft_model` | AFTER | draft arch `Ernie5_5_MoeForCausalLM` -> `Ernie5_5MoeMTPModel` |
+| `model_config.resolve_spec_hidden_size` | AROUND | the target->draft hidden width is the n*H streams |
+| `DraftBackendFactory.create_decode_backend` | AROUND | `EchoMultiStepDraftBackend` (steps - 1 chained steps) |
+| `DraftBackendFactory.create_draft_extend_backend` | AROUND | `EchoDraftAttnBackend` |
+| `KVCacheConfigurator._build_token_to_kv_pool` | AROUND | the draft worker's `EchoDraftKVPool` |
+| `EagleDraftWorker.init_lm_head` | AFTER | bind the target's embedding, last layer, hc_head, lm_head into the draft |
+
+`register()` must run after `sglang_ernie55.mem_cache.register()`: HookRegistry wraps hooks of one target
+in registration order, so ours is then the outer AROUND on `_build_token_to_kv_pool` and answers the
+draft worker before the target-pool hook sees it.
+"""
+
+from __future__ import annotations
+
+from ..configuration import ARCH_ECHO, ARCH_MAIN, ARCHITECTURES
+
+HOOK_DRAFT_ARCH = "sglang.srt.configs.model_config.ModelConfig._config_draft_model"
+HOOK_SPEC_HIDDEN = "sglang.srt.configs.model_config.resolve_spec_hidden_size"
+HOOK_DRAFT_DECODE = "sglang.srt.speculative.draft_utils.DraftBackendFactory.create_decode_backend"
+HOOK_DRAFT_EXTEND = "sglang.srt.speculative.draft_utils.DraftBackendFactory.create_draft_extend_backend"
+HOOK_DRAFT_POOL = "sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator._build_token_to_kv_pool"
+HOOK_SHARE = "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker.init_lm_head"
+
+# SGLang speculative algorithms whose draft for this architecture is ECHO (after NEXTN -> EAGLE).
+ECHO_ALGORITHMS = (None, "EAGLE", "NEXTN")
+
+_registered = False
+
+
+def _archs(hf_config) -> list[str]:
+    return list(getattr(hf_config, "architectures", None) or [])
+
+
+def is_echo_draft(hf_config) -> bool:
+    return _archs(hf_config)[:1] == [ARCH_ECHO]
+
+
+# ----------------------------------------------------------------------------------- hooks
+def after_config_draft_model(result, self, *args, **kwargs):
+    """ModelConfig of the draft: `Ernie5_5_MoeForCausalLM` -> `Ernie5_5MoeMTPModel` (ECHO ships in the
+    target checkpoint, so the draft path is the model path and config.json names the main arch)."""
+    if (
+        self.is_draft_model
+        and _archs(self.hf_config)[:1] == [ARCH_MAIN]
+        and getattr(self, "speculative_algorithm", None) in ECHO_ALGORITHMS
+    ):
+        self.hf_config.architectures[0] = ARCH_ECHO
+    return result
+
+
+def around_resolve_spec_hidden_size(original, hf_config, hidden_size, hc_mult, *args, **kwargs):
+    """ERNIE-5.5 hands the draft all n residual streams (n*H wide; ECHO's h_proj reads each stream).
+    The PP width (`hc_hidden_size`) stays None: pipeline parallelism is refused for this model."""
+    if any(a in ARCHITECTURES for a in _archs(hf_config)) and hc_mult > 1:
+        return hidden_size * hc_mult, None
+    return original(hf_config, hidden_size, hc_mult, *args, **kwargs)
+
+
+def around_create_decode_backend(original, self, *args, **kwargs):
+    if not is_echo_draft(self.draft_model_runner.model_config.hf_config):
+        return original(self, *args, **kwargs)
+    if self.speculative_num_steps <= 1:
+        return None  # one draft step comes from draft-extend alone (as SGLang does for every backend)
+    from .backend import EchoMultiStepDraftBackend
+
+    return EchoMultiStepDraftBackend(self.draft_model_runner, self.topk, self.speculative_num_steps)
+
+
+def around_create_draft_extend_backend(original, self, *args, **kwargs):
+    if not is_echo_draft(self.draft_model_runner.model_config.hf_config):
+        return original(self, *args, **kwargs)
+    from .backend import EchoDraftAttnBackend
+
+    return EchoDraftAttnBackend(self.draft_model_runner)
+
+
+def around_build_token_to_kv_pool(original, self, *args, sizes, req_to_token_pool, **kwargs):
+    if not (self.is_draft_worker and is_echo_draft(self.model_config.hf_config)):
+        return original(self, *args, sizes=sizes, req_to_token_pool=req_to_token_pool, **kwargs)
+    from sglang.srt.runtime_context import get_exec
+
+    from .pool import EchoDraftKVPool
+
+    return EchoDraftKVPool(
+        sizes.max_total_num_tokens,
+        page_size=self.pool_page_size,
+        dtype=self.kv_cache_dtype,
+        config=self.model_config.hf_config,
+        device=self.device,
+        enable_memory_saver=get_exec().features.enable_memory_saver,
+    )
+
+
+def after_init_lm_head(result, self, *args, **kwargs):
+    """EagleDraftWorker: both models are loaded and no draft forward has run yet; bind the target's
+    modules into the ECHO draft and prove the sharing (same tensors, by data pointer)."""
+    draft = self.draft_runner.model
+    if type(draft).__name__ != ARCH_ECHO:
+        return result
+    target = self.target_worker.model_runner.model
+    draft.attach_target(target)
+    check_shared(draft, target)
+    return result
+
+
+def check_shared(draft, target) -> dict[str, int]:
+    """Every tensor the draft runs on besides `echo.*` is the target's tensor (same data pointer);
+    returns {target parameter name: data_ptr}. Raises naming any that is not."""
+    tparams = dict(target.named_parameters())
+    own = {p.data_ptr() for p in draft.parameters()}
+    used = draft.shared_parameter_names()
+    bad = [n for n in used if n not in tparams]
+    mods = dict(target.named_modules())
+    L = target.config.num_hidden_layers - 1
+    layer_ptrs = {n: p.data_ptr() for n, p in mods[f"model.layers.{L}"].named_parameters()}
+    draft_layer_ptrs = {n: p.data_ptr() for n, p in draft.decoder_layer.named_parameters()}
+    bad += [f"model.layers.{L}.{n}" for n, ptr in draft_layer_ptrs.items() if layer_ptrs.get(n) != ptr]
+    bad += [n for n in used if n in tparams and tparams[n].data_ptr() in own]
+    if bad:
+        raise RuntimeError(f"ECHO draft: these tensors are not shared with the target: {bad[:20]}")
+    return {n: tparams[n].data_ptr() for n in used}
+
+
+# ----------------------------------------------------------------------------------- registration
+HOOKS = (
+    (HOOK_DRAFT_ARCH, after_config_draft_model, "AFTER"),
+    (HOOK_SPEC_HIDDEN, around_resolve_spec_hidden_size, "AROUND"),
+    (HOOK_DRAFT_DECODE, around_create_decode_backend, "AROUND"),
+    (HOOK_DRAFT_EXTEND, around_create_draft_extend_backend, "AROUND"),
+    (HOOK_DRAFT_POOL, around_build_token_to_kv_pool, "AROUND"),
+    (HOOK_SHARE, after_init_lm_head, "AFTER"),
+)
+
+
+def register() -> None:
+    """Register the ECHO hooks (idempotent). Call after sglang_ernie55.mem_cache.register()."""
+    global _registered
+    if _registered:
+        return
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    for target, fn, kind in HOOKS:
+        HookRegistry.register(target, fn, HookType[kind])
+    _registered = True

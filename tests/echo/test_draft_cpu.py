@@ -1,0 +1,259 @@
+"""CPU tests of the SGLang ECHO draft (`Ernie5_5MoeMTPModel`): strict `echo.*` weight mapping, sharing of
+the target's modules (data pointers), and the draft model + ECHO backend + draft pool against the
+reference's `echo_forward` / chained rounds, through the same world-1 harness as the target model
+(tests/serving/twin_harness.py)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "serving"))
+import twin_harness as th  # noqa: E402
+
+from sglang_ernie55.configuration import ARCH_ECHO, tiny_config  # noqa: E402
+from sglang_ernie55.reference import echo as refecho  # noqa: E402
+from sglang_ernie55.reference.model import build_reference  # noqa: E402
+
+PAGE = 256
+
+
+def _cfg(last: str):
+    return tiny_config(layer_types=["hca", "mla_dsa", "hca", last])
+
+
+@pytest.fixture(scope="module", params=["hca", "mla_dsa"])
+def setup(request):
+    """(cfg, reference fp32, target fp32, draft attached) for a last layer of each kind."""
+    from sglang_ernie55.models.ernie55_echo import Ernie5_5MoeMTPModel
+
+    cfg = _cfg(request.param)
+    ref = build_reference(cfg, seed=1, dtype=torch.float32)
+    target = th.build_model(cfg, dtype=torch.float32)
+    target.load_weights(ref.state_dict().items())
+    th.torch_experts(target)
+    prev = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float32)
+    try:
+        draft = Ernie5_5MoeMTPModel(cfg)
+    finally:
+        torch.set_default_dtype(prev)
+    draft.load_weights(ref.state_dict().items())
+    draft.attach_target(target)
+    return cfg, ref, target, draft
+
+
+class DraftSession:
+    """Draft pool + ECHO backend over a paged slot space (slot 0..255 = padding page)."""
+
+    def __init__(self, draft, cfg, kv_dtype=torch.float32, num_pages=8, max_ctx=1024, slots=4):
+        from sglang_ernie55.speculative.backend import EchoDraftAttnBackend
+        from sglang_ernie55.speculative.pool import EchoDraftKVPool
+
+        self.draft, self.cfg = draft, cfg
+        self.pool = EchoDraftKVPool(num_pages * PAGE, PAGE, kv_dtype, cfg, device="cpu")
+        self.req_to_token = torch.zeros(slots, max_ctx, dtype=torch.int32)
+        for r in range(slots):  # every request owns contiguous pages (allocation is not under test)
+            pages = max_ctx // PAGE
+            base = (1 + r * pages) * PAGE
+            self.req_to_token[r] = torch.arange(base, base + max_ctx)
+        self.pool.rows = type(self.pool.rows)(  # large enough for the slot range above
+            (1 + slots * (max_ctx // PAGE)) * PAGE, self.pool.rows.dim, self.pool.rows.rope, self.pool.rows.fp8,
+            64 if self.pool.kind == "hca" else 128, self.pool.kind == "hca", "cpu", torch.float32,
+        )  # fmt: skip
+        runner = SimpleNamespace(token_to_kv_pool=self.pool, model_config=SimpleNamespace(hf_config=cfg),
+                                 req_to_token_pool=SimpleNamespace(req_to_token=self.req_to_token))  # fmt: skip
+        self.backend = EchoDraftAttnBackend(runner)
+
+    def run(self, mode, reqs, positions, tokens, streams, ragged=None):
+        """One draft forward: rows (reqs[i], positions[i], tokens[i], streams[i]) -> fp32 logits, draft streams."""
+        from sglang.srt.model_executor.forward_context import ForwardContext, set_forward_context
+
+        reqs_t, pos = torch.as_tensor(reqs), torch.as_tensor(positions)
+        loc = self.req_to_token[reqs_t, pos].long()
+        uniq = list(dict.fromkeys(reqs))
+        fb = SimpleNamespace(
+            forward_mode=mode, out_cache_loc=loc, req_pool_indices=torch.tensor(uniq), positions=pos,
+            extend_seq_lens_cpu=ragged, seq_lens=None, seq_lens_cpu=None, global_num_token_non_padded_cpu=None,
+            batch_size=len(uniq), spec_info=SimpleNamespace(hidden_states=streams.flatten(1)),
+        )  # fmt: skip
+        self.backend.init_forward_metadata(fb)
+        prev = set_forward_context(ForwardContext(attn_backend=self.backend))
+        try:
+            hidden, R = self.draft.hidden(torch.as_tensor(tokens), pos, fb)
+        finally:
+            set_forward_context(prev)
+        return hidden.float() @ self.draft.lm_head.weight.float().t(), R
+
+
+def test_entry_class_and_strict_echo_weights(setup):
+    from sglang_ernie55.models import ernie55_echo
+    from sglang_ernie55.models.ernie55_echo import Ernie55EchoWeightError
+
+    cfg, ref, _, draft = setup
+    assert [c.__name__ for c in ernie55_echo.EntryClass] == [ARCH_ECHO]
+    sd = ref.state_dict()
+    own = dict(draft.named_parameters())
+    # the draft owns exactly the checkpoint's echo.* tensors, under the same names
+    assert set(own) == {n for n in sd if n.startswith("echo.")}
+    for n, p in own.items():
+        torch.testing.assert_close(p, sd[n])
+    # a missing echo tensor, an unknown tensor, a duplicate: all named
+    items = [(n, t) for n, t in sd.items() if n != "echo.h_proj.weight"] + [
+        ("echo.bogus.weight", torch.ones(1))
+    ]
+    with pytest.raises(
+        Ernie55EchoWeightError, match=r"echo\.bogus\.weight[\s\S]*echo\.h_proj\.weight loaded 0"
+    ):
+        draft.load_weights(items)
+    with pytest.raises(Ernie55EchoWeightError, match=r"echo\.norm\.weight loaded 2"):
+        draft.load_weights(list(sd.items()) + [("echo.norm.weight", sd["echo.norm.weight"])])
+    draft.load_weights(sd.items())
+
+
+def test_fp8_echo_weights_dequantized_on_load(setup):
+    from sglang_ernie55.checkpoint.fp8 import quantize_fp8_block
+    from sglang_ernie55.layers.linear import dequantize_fp8_block
+
+    cfg, ref, _, draft = setup
+    sd = dict(ref.state_dict())
+    q, s = quantize_fp8_block(sd["echo.e_proj.weight"])
+    sd["echo.e_proj.weight"], sd["echo.e_proj.weight_scale_inv"] = q, s
+    draft.load_weights(sd.items())
+    try:
+        torch.testing.assert_close(draft.echo.e_proj.weight, dequantize_fp8_block(q, s, torch.float32))
+        assert not torch.equal(
+            draft.echo.e_proj.weight, ref.state_dict()["echo.e_proj.weight"]
+        )  # it was quantized
+    finally:
+        draft.load_weights(ref.state_dict().items())
+
+
+def test_draft_shares_the_targets_tensors(setup):
+    """Last layer, hc_head, embedding and lm_head: the target's parameters themselves (data pointers),
+    and the draft's own state holds only the five echo tensors (no second copy of the layer)."""
+    from sglang_ernie55.speculative import check_shared
+
+    cfg, _, target, draft = setup
+    ptrs = check_shared(draft, target)
+    L = cfg.num_hidden_layers - 1
+    tp = dict(target.named_parameters())
+    assert ptrs["model.hc_head.fn"] == tp["model.hc_head.fn"].data_ptr()
+    assert ptrs[f"model.layers.{L}.attn_hc.fn"] == tp[f"model.layers.{L}.attn_hc.fn"].data_ptr()
+    assert draft.decoder_layer is target.model.layers[-1]
+    n_own = sum(p.numel() for p in draft.parameters())
+    H = cfg.hidden_size
+    assert n_own == 2 * H * H + 3 * H == cfg.parameter_counts()["echo"]
+
+
+def test_unattached_draft_refuses_to_run():
+    from sglang_ernie55.models.ernie55_echo import Ernie5_5MoeMTPModel
+
+    th.init_dist()
+    d = Ernie5_5MoeMTPModel(tiny_config())
+    with pytest.raises(RuntimeError, match="not attached"):
+        d.get_embed_and_head()
+
+
+def test_draft_extend_and_chain_equal_reference(setup):
+    """Draft-extend over a 140-entry prompt (EXTEND, ragged rows of two requests: one crosses the 128-token
+    window), then two chained decode steps per request fed back the draft's own streams: logits equal
+    the reference's `draft_round` at every proposing entry, and the extend's every row equals
+    `echo_forward`."""
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    cfg, ref, _, draft = setup
+    sess = DraftSession(draft, cfg)
+    g = torch.Generator().manual_seed(0)
+    lens = {0: 140, 2: 37}
+    data = {r: (torch.randn(n, cfg.hc_mult, cfg.hidden_size, generator=g), torch.randint(0, cfg.vocab_size, (n,), generator=g))
+            for r, n in lens.items()}  # fmt: skip
+    reqs = [r for r, n in lens.items() for _ in range(n)]
+    pos = [p for n in lens.values() for p in range(n)]
+    toks = torch.cat([data[r][1] for r in lens])
+    streams = torch.cat([data[r][0] for r in lens])
+    logits, R = sess.run(ForwardMode.EXTEND, reqs, pos, toks, streams, ragged=list(lens.values()))
+    off, last = 0, {}
+    for r, n in lens.items():
+        want = ref.echo_forward(*data[r])
+        torch.testing.assert_close(logits[off : off + n], want.logits, rtol=2e-4, atol=2e-4)
+        torch.testing.assert_close(R[off : off + n], want.streams, rtol=2e-4, atol=2e-4)
+        last[r] = (logits[off + n - 1], R[off + n - 1], n - 1)
+        off += n
+    rounds = {r: refecho.draft_round(ref, ref.new_echo_cache(), *data[r], 0, 3) for r in lens}
+    for k in range(1, 3):  # chained decode steps, both requests in one batch
+        reqs_k = list(lens)
+        toks_k = torch.tensor([int(torch.argmax(last[r][0])) for r in reqs_k])
+        pos_k = [last[r][2] + 1 for r in reqs_k]
+        st_k = torch.stack([last[r][1] for r in reqs_k])
+        lg, Rk = sess.run(ForwardMode.DECODE, reqs_k, pos_k, toks_k, st_k)
+        for i, r in enumerate(reqs_k):
+            assert int(toks_k[i]) == rounds[r].tokens[k - 1]
+            torch.testing.assert_close(lg[i], rounds[r].logits[k], rtol=2e-4, atol=2e-4)
+            last[r] = (lg[i], Rk[i], pos_k[i])
+
+
+def test_draft_extend_v2_uniform_rows_overwrite_rejected_positions(setup):
+    """DRAFT_EXTEND_V2 (k rows per request, no extend lengths): a second extend over the same positions
+    with different tokens (the rejected drafts' rows rewritten) gives the reference's logits for the new
+    entries; positions 125..130 straddle the window edge."""
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    cfg, ref, _, draft = setup
+    sess = DraftSession(draft, cfg)
+    g = torch.Generator().manual_seed(5)
+    n0, k = 125, 3
+    S = torch.randn(n0 + 2 * k, cfg.hc_mult, cfg.hidden_size, generator=g)
+    T = torch.randint(0, cfg.vocab_size, (n0 + 2 * k,), generator=g)
+    sess.run(ForwardMode.EXTEND, [1] * n0, list(range(n0)), T[:n0], S[:n0], ragged=[n0])
+    junk = torch.randint(0, cfg.vocab_size, (k,), generator=g)  # a round whose drafts were all rejected
+    sess.run(ForwardMode.DRAFT_EXTEND_V2, [1] * k, list(range(n0, n0 + k)), junk, S[n0 : n0 + k] * 0.5)
+    lg, _ = sess.run(
+        ForwardMode.DRAFT_EXTEND_V2, [1] * k, list(range(n0, n0 + k)), T[n0 : n0 + k], S[n0 : n0 + k]
+    )
+    want = ref.echo_forward(S[: n0 + k], T[: n0 + k]).logits[n0:]
+    torch.testing.assert_close(lg, want, rtol=2e-4, atol=2e-4)
+    lg2, _ = sess.run(
+        ForwardMode.DRAFT_EXTEND_V2, [1] * k, list(range(n0 + k, n0 + 2 * k)), T[n0 + k :], S[n0 + k :]
+    )
+    torch.testing.assert_close(lg2, ref.echo_forward(S, T).logits[n0 + k :], rtol=2e-4, atol=2e-4)
+
+
+@pytest.mark.parametrize("kv", ["bfloat16", "fp8_e4m3"])
+def test_draft_pool_dtypes_close_to_reference(setup, kv):
+    """bf16 / fp8 draft KV rows: the extend's logits stay close to the reference (quantised keys)."""
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    cfg, ref, _, draft = setup
+    dt = torch.bfloat16 if kv == "bfloat16" else torch.float8_e4m3fn
+    sess = DraftSession(draft, cfg)
+    from sglang_ernie55.speculative.pool import EchoDraftKVPool
+
+    pool = EchoDraftKVPool(8 * PAGE, PAGE, dt, cfg, device="cpu")
+    assert pool.rows.fp8 == (kv == "fp8_e4m3")
+    sess.pool.rows = type(pool.rows)(sess.pool.rows.rows, pool.rows.dim, pool.rows.rope, pool.rows.fp8,
+                                     64 if pool.kind == "hca" else 128, pool.kind == "hca", "cpu")  # fmt: skip
+    g = torch.Generator().manual_seed(9)
+    S = torch.randn(60, cfg.hc_mult, cfg.hidden_size, generator=g)
+    T = torch.randint(0, cfg.vocab_size, (60,), generator=g)
+    lg, _ = sess.run(ForwardMode.EXTEND, [0] * 60, list(range(60)), T, S, ragged=[60])
+    want = ref.echo_forward(S, T).logits
+    cos = torch.nn.functional.cosine_similarity(lg, want, dim=-1)
+    # fp8 e4m3 keys: per-row logits of random weights move by a few percent at worst (one 128-value tile
+    # per MLA latent shares a scale); bf16 rows are near exact
+    lo, avg = (0.999, 0.9999) if kv == "bfloat16" else (0.95, 0.995)
+    assert cos.min() > lo and cos.mean() > avg, (cos.min(), cos.mean())
+    assert (lg - want).abs().max() > 0  # quantisation is really on
+
+
+def test_echo_bytes_per_token(setup):
+    from sglang_ernie55.speculative.pool import EchoDraftKVPool, echo_bytes_per_token
+
+    cfg = setup[0]
+    for dt in (torch.bfloat16, torch.float8_e4m3fn):
+        pool = EchoDraftKVPool(4 * PAGE, PAGE, dt, cfg, device="cpu")
+        assert pool.get_kv_size_bytes() == pool.token_rows * echo_bytes_per_token(cfg, dt)
