@@ -35,6 +35,8 @@ REQUIRED_SYMBOLS: list[tuple[str, str, tuple[str, ...] | None]] = [
     ("sglang.srt.arg_groups.model_override_base", "resolving_view", ("server_args",)),
     ("sglang.srt.arg_groups.model_override_base", "resolved_view", ("server_args",)),
     ("sglang.srt.arg_groups.overrides", "declare_resolution", ("server_args", "source")),
+    ("sglang.srt.utils", "parse_connector_type", None),
+    ("sglang.srt.connector", "ConnectorType", None),
     ("sglang.srt.arg_groups.resolution_hooks", "register_resolution_hook", ("name",)),
     ("sglang.srt.arg_groups.resolution_hooks", "_OVERRIDABLE_HOOKS", None),
     ("sglang.srt.arg_groups.model_hook", "handle_model_specific_adjustments", ("server_args",)),

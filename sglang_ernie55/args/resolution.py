@@ -11,7 +11,7 @@ SGLang decided so far); "user-given" checks read the raw field, which keeps what
 |                                    | --context-length > 131072 warning | after |
 | handle_data_parallelism            | attention TP = tp / attn_dp / attn_cp divides o_groups | before (the step asserts tp % attn_dp bare) |
 | handle_context_parallelism         | the same, on the final layout | after (prefill CP may rewrite attn_cp_size) |
-| handle_a2a_moe                     | a2a backend none under PP; deepep needs EP >= 4 | before (PP) / after (EP: SGLang sets ep = tp) |
+| handle_a2a_moe                     | a2a backend none under PP; deepep needs EP >= 4 | before (with ep = tp, as the step sets it) and after (final values) |
 | handle_speculative_decoding        | ECHO: EAGLE/NEXTN, topk 1, steps 1-3, draft tokens = steps + 1; draft path | before the step |
 """
 
