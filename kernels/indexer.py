@@ -20,7 +20,7 @@ from .layout import Geometry, KVLayout
 def indexer_logits(
     qI: torch.Tensor, w: torch.Tensor, pool: torch.Tensor, g: Geometry, page_table: torch.Tensor,
     q_req: torch.Tensor, q_pos: torch.Tensor, max_len: int, out: torch.Tensor | None = None,
-    keys_per_prog: int = 1024, block_n: int = 64,
+    keys_per_prog: int = 1024, block_n: int = 64, num_warps: int = 4, num_stages: int = 3,
 ) -> torch.Tensor:  # fmt: skip
     """Returns logits fp32 [T, max_len]: I(t, s) for s <= q_pos[t], -inf for s > q_pos[t].
 
@@ -60,7 +60,8 @@ def indexer_logits(
         qI, qI.stride(0), qI.stride(1), w, w.stride(0), page_table, page_table.stride(0), q_req, q_pos,
         out, out.stride(0), max_len, keys_per_prog, NI,
         *pool_views(pool), a.page_size, a.page_bytes, a.data_stride, a.scale_base, a.scale_stride,
-        KIND=a.kind, DI=DI, BNI=max(16, triton.next_power_of_2(NI)), BN=block_n, DT=dot_dtype(), num_warps=4,
+        KIND=a.kind, DI=DI, BNI=max(16, triton.next_power_of_2(NI)), BN=block_n, DT=dot_dtype(), num_warps=num_warps,
+        num_stages=num_stages,
     )  # fmt: skip
     return out
 
