@@ -437,3 +437,12 @@ def test_compat_lists_every_hooked_symbol():
 def test_docs_table_matches_the_rules():
     doc = (REPO / "docs" / "server-args.md").read_text()
     assert flag_rules_markdown() in doc
+
+
+def test_error_names_flag_value_legal_and_why_and_pickles(ernie):
+    import pickle
+
+    e = rejects(ernie, "--page-size", "64")
+    assert isinstance(e, ValueError)
+    assert str(e).startswith("ERNIE-5.5: --page-size 64: legal: 256. ERNIE-5.5's KV pools")
+    assert str(pickle.loads(pickle.dumps(e))) == str(e)

@@ -22,7 +22,11 @@ class Ernie55ArgumentError(ValueError):
             self.legal = ", ".join(str(v) for v in legal)
         self.why = why
         self.fix = fix
-        msg = f"ERNIE-5.5: {flag} {value}: legal: {self.legal}. {why}"
+        msg = f"ERNIE-5.5: {flag} {value}: legal: {self.legal}. {why[:1].upper()}{why[1:]}"
         if fix:
             msg += f" {fix}"
+        self._init_args = (flag, value, legal, why, fix)
         super().__init__(msg)
+
+    def __reduce__(self):  # picklable across SGLang's processes despite the keyword-rich __init__
+        return (type(self), self._init_args)

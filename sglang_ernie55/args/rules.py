@@ -237,18 +237,19 @@ def resolve_speculative(
         )  # fmt: skip
     s = SPEC_DEFAULT_STEPS if steps is None else steps
     if draft_tokens is not None and draft_tokens != s + 1:
-        hint = (
-            f" vLLM's num_speculative_tokens={draft_tokens} is SGLang's --speculative-num-steps {draft_tokens}"
-            f" (then --speculative-num-draft-tokens {draft_tokens + 1})."
-            if draft_tokens - 1 in SPEC_STEPS or draft_tokens in SPEC_STEPS
-            else ""
-        )
+        if draft_tokens in SPEC_STEPS:
+            hint = (
+                f" vLLM's num_speculative_tokens={draft_tokens} is SGLang's --speculative-num-steps "
+                f"{draft_tokens}, with --speculative-num-draft-tokens {draft_tokens + 1}."
+            )
+        else:
+            hint = " vLLM's num_speculative_tokens is SGLang's --speculative-num-steps, not the draft-token count."
         raise Ernie55ArgumentError(
             "--speculative-num-draft-tokens", draft_tokens,
             f"{s + 1} (= --speculative-num-steps {s} + 1)",
             "with chain drafts SGLang verifies the current token plus one drafted token per step, so the "
             "draft-token count is always steps + 1; any other value silently drafts a different number of "
-            f"tokens. Copying vLLM's `num_speculative_tokens` here is the usual mistake:{hint}",
+            f"tokens. Copying vLLM's `num_speculative_tokens` here is the usual mistake.{hint}",
             f"Leave --speculative-num-draft-tokens out (it defaults to steps + 1 = {s + 1}).",
         )  # fmt: skip
     return SpecDecision("EAGLE", s, SPEC_TOPK, s + 1)
