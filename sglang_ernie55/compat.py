@@ -69,6 +69,16 @@ REQUIRED_SYMBOLS: list[tuple[str, str, tuple[str, ...] | None]] = [
     ("sglang.srt.layers.radix_attention", "RadixAttention.forward", ("q", "k", "v", "forward_batch")),
     ("sglang.srt.model_executor.forward_context", "ForwardContext", None),
     ("sglang.srt.layers.moe.topk", "StandardTopKOutput", ("topk_weights", "topk_ids", "router_logits")),
+    # ECHO speculative decoding (sglang_ernie55/speculative; docs/echo.md)
+    ("sglang.srt.configs.model_config", "ModelConfig._config_draft_model", ()),
+    ("sglang.srt.configs.model_config", "resolve_spec_hidden_size", ("hf_config", "hidden_size", "hc_mult")),
+    ("sglang.srt.speculative.draft_utils", "DraftBackendFactory.__init__",
+     ("draft_model_runner", "topk", "speculative_num_steps")),
+    ("sglang.srt.speculative.draft_utils", "DraftBackendFactory.create_decode_backend", ()),
+    ("sglang.srt.speculative.draft_utils", "DraftBackendFactory.create_draft_extend_backend", ()),
+    ("sglang.srt.speculative.eagle_worker_v2", "EagleDraftWorker.init_lm_head", ()),
+    ("sglang.srt.layers.logits_processor", "LogitsProcessor.forward",
+     ("input_ids", "hidden_states", "lm_head", "logits_metadata", "aux_hidden_states", "hidden_states_before_norm")),
 ]
 
 

@@ -12,7 +12,7 @@
 | `KVCacheConfigurator._build_token_to_kv_pool` | AROUND | the draft worker's `EchoDraftKVPool` |
 | `EagleDraftWorker.init_lm_head` | AFTER | bind the target's embedding, last layer, hc_head, lm_head into the draft |
 
-`register()` must run after `sglang_ernie55.mem_cache.register()`: HookRegistry wraps hooks of one target
+`register()` calls `sglang_ernie55.mem_cache.register()` first: HookRegistry nests hooks of one target
 in registration order, so ours is then the outer AROUND on `_build_token_to_kv_pool` and answers the
 draft worker before the target-pool hook sees it.
 """
@@ -140,12 +140,15 @@ HOOKS = (
 
 
 def register() -> None:
-    """Register the ECHO hooks (idempotent). Call after sglang_ernie55.mem_cache.register()."""
+    """Register the ECHO hooks (idempotent; after the KV-pool hooks, which it registers first)."""
     global _registered
     if _registered:
         return
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
+    from .. import mem_cache
+
+    mem_cache.register()  # its pool hook first: ours then wraps it (HookRegistry nests in registration order)
     for target, fn, kind in HOOKS:
         HookRegistry.register(target, fn, HookType[kind])
     _registered = True

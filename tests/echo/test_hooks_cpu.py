@@ -1,0 +1,224 @@
+"""The ECHO wiring through SGLang's real code on CPU: server-argument resolution -> draft ModelConfig ->
+draft architecture, the n*H speculative hidden width, the draft attention backends and KV pool chosen for
+the ECHO draft, the weight sharing done by the `EagleDraftWorker.init_lm_head` hook, and the invalid
+ECHO flag combinations. Every hook is shown to fall through for another architecture."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from sglang_ernie55.configuration import ARCH_ECHO, ARCH_MAIN, tiny_config
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "serving"))
+
+LLAMA_TINY = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 512, "hidden_size": 64,
+    "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "max_position_embeddings": 4096, "torch_dtype": "bfloat16",
+}  # fmt: skip
+
+
+def _write(path: Path, config: dict) -> str:
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(config, indent=1))
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def hooks():
+    """The plugin as SGLang loads it, plus the ECHO hooks, applied to SGLang (process-wide)."""
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    from sglang_ernie55 import plugin, speculative
+
+    plugin.register()
+    speculative.register()
+    HookRegistry.apply_hooks()
+    return speculative
+
+
+@pytest.fixture(scope="module")
+def ernie(tmp_path_factory) -> str:
+    return _write(tmp_path_factory.mktemp("ernie55"), tiny_config().to_config_json())
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory) -> str:
+    return _write(tmp_path_factory.mktemp("llama"), LLAMA_TINY)
+
+
+def _model_config(path: str, draft: bool, algo: str | None = "EAGLE"):
+    from sglang.srt.configs.model_config import ModelConfig
+
+    return ModelConfig(model_path=path, is_draft_model=draft, speculative_algorithm=algo)
+
+
+def test_hooks_are_in_the_patch_ledger_and_compat(hooks):
+    """Every hooked symbol is checked by compat at plugin load and documented in docs/hooks.md."""
+    from sglang_ernie55 import compat
+
+    ledger = (Path(__file__).resolve().parents[2] / "docs" / "hooks.md").read_text()
+    required = {f"{m}.{a}" for m, a, _ in compat.REQUIRED_SYMBOLS}
+    for target, _, _ in hooks.HOOKS:
+        assert target in required, f"{target} missing from compat.REQUIRED_SYMBOLS"
+        assert f"`{target}`" in ledger or f"`{target.rsplit('.', 1)[-1]}`" in ledger, (
+            f"{target} not in docs/hooks.md"
+        )
+    compat.check_symbols(
+        [s for s in compat.REQUIRED_SYMBOLS if f"{s[0]}.{s[1]}" in {t for t, _, _ in hooks.HOOKS}]
+    )
+
+
+def test_draft_arch_and_spec_hidden_size_through_model_config(hooks, ernie):
+    cfg = tiny_config()
+    target = _model_config(ernie, draft=False)
+    draft = _model_config(ernie, draft=True)
+    assert target.hf_config.architectures == [ARCH_MAIN]
+    assert draft.hf_config.architectures == [ARCH_ECHO]
+    nh = cfg.hc_mult * cfg.hidden_size
+    assert target.spec_hidden_size == draft.spec_hidden_size == nh
+    assert draft.hc_hidden_size is None  # PP width untouched (PP is refused for this model)
+    assert _model_config(ernie, draft=True, algo="DSPARK").hf_config.architectures == [ARCH_MAIN]
+
+
+def test_hooks_fall_through_for_other_models(hooks, llama):
+    d = _model_config(llama, draft=True)
+    assert d.hf_config.architectures == ["LlamaForCausalLM"]
+    assert d.spec_hidden_size == LLAMA_TINY["hidden_size"]
+    stub = SimpleNamespace(
+        draft_model_runner=SimpleNamespace(model_config=d), speculative_num_steps=3, topk=1
+    )
+    assert hooks.around_create_decode_backend(lambda self: "sglang's", stub) == "sglang's"
+    assert hooks.around_create_draft_extend_backend(lambda self: "sglang's", stub) == "sglang's"
+    kvc = SimpleNamespace(is_draft_worker=True, model_config=d)
+    got = hooks.around_build_token_to_kv_pool(lambda self, *, sizes, req_to_token_pool: "sglang's", kvc,
+                                              sizes=None, req_to_token_pool=None)  # fmt: skip
+    assert got == "sglang's"
+    tgt = SimpleNamespace(is_draft_worker=False, model_config=SimpleNamespace(hf_config=tiny_config()))
+    got = hooks.around_build_token_to_kv_pool(lambda self, *, sizes, req_to_token_pool: "inner", tgt, sizes=None,
+                                              req_to_token_pool=None)  # fmt: skip
+    assert got == "inner"  # the ERNIE *target* pool is the mem_cache hook's (inner) business
+
+
+def test_server_args_to_draft_model_config(hooks, ernie):
+    """`--speculative-algorithm NEXTN` (SGLang's alias) with no draft path: resolution defaults the draft
+    path to the model path, and SGLang's draft ModelConfig built from the resolved args is ECHO."""
+    from sglang.srt.configs.model_config import ModelConfig
+
+    from sglang_ernie55.args import resolve_server_args
+
+    sa = resolve_server_args(["--model-path", ernie, "--speculative-algorithm", "NEXTN",
+                              "--speculative-num-steps", "3"], device="cpu")  # fmt: skip
+    d = sa.resolved_dict()
+    assert d["speculative_draft_model_path"] == ernie
+    assert (d["speculative_num_steps"], d["speculative_eagle_topk"], d["speculative_num_draft_tokens"]) == (
+        3,
+        1,
+        4,
+    )
+    mc = ModelConfig.from_server_args(sa, model_path=d["speculative_draft_model_path"], is_draft_model=True)
+    assert mc.hf_config.architectures == [ARCH_ECHO]
+
+
+@pytest.mark.parametrize(
+    "flags,match",
+    [
+        (["--speculative-algorithm", "EAGLE", "--speculative-eagle-topk", "2"], "topk"),
+        (["--speculative-algorithm", "EAGLE", "--speculative-num-steps", "2", "--speculative-num-draft-tokens", "2"],
+         "draft-tokens"),
+        (["--speculative-algorithm", "DSPARK"], "DSpark|DSPARK"),
+        (["--speculative-algorithm", "EAGLE", "--speculative-num-steps", "4"], "num-steps"),
+    ],
+)  # fmt: skip
+def test_invalid_echo_flags_fail(hooks, ernie, flags, match):
+    from sglang_ernie55.args import Ernie55ArgumentError, resolve_server_args
+
+    with pytest.raises(Ernie55ArgumentError, match=match):
+        resolve_server_args(["--model-path", ernie, *flags], device="cpu")
+
+
+def _draft_runner(cfg, pool):
+    return SimpleNamespace(
+        model_config=SimpleNamespace(hf_config=cfg), token_to_kv_pool=pool, draft_attention_backend=None,
+        req_to_token_pool=SimpleNamespace(req_to_token=torch.zeros(4, 512, dtype=torch.int32)),
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("steps", [1, 2, 3])
+def test_draft_backend_factory_gives_echo_backends(hooks, steps):
+    from sglang.srt.speculative.draft_utils import DraftBackendFactory
+
+    from sglang_ernie55.speculative.backend import EchoDraftAttnBackend, EchoMultiStepDraftBackend
+    from sglang_ernie55.speculative.pool import EchoDraftKVPool
+
+    cfg = tiny_config(architectures=[ARCH_ECHO])
+    runner = _draft_runner(cfg, EchoDraftKVPool(1024, 256, torch.bfloat16, cfg, device="cpu"))
+    f = DraftBackendFactory(runner, 1, steps)
+    dec = f.create_decode_backend()
+    if steps == 1:
+        assert dec is None
+    else:
+        assert isinstance(dec, EchoMultiStepDraftBackend) and len(dec.attn_backends) == steps - 1
+        assert all(isinstance(b, EchoDraftAttnBackend) for b in dec.attn_backends)
+    assert isinstance(f.create_draft_extend_backend(), EchoDraftAttnBackend)
+    with pytest.raises(ValueError, match="topk"):
+        DraftBackendFactory(runner, 2, 3).create_decode_backend()
+
+
+def test_draft_pool_hook_builds_the_echo_pool(hooks, monkeypatch):
+    """The patched `KVCacheConfigurator._build_token_to_kv_pool` answers the ECHO draft worker with the
+    window-only pool (one layer: the target's last, sized by the shared slot space)."""
+    from sglang.srt.mem_cache.kv_cache_configurator import KVCacheConfigurator
+
+    from sglang_ernie55.speculative.pool import EchoDraftKVPool, echo_bytes_per_token
+
+    monkeypatch.setattr("sglang.srt.runtime_context.get_exec",
+                        lambda: SimpleNamespace(features=SimpleNamespace(enable_memory_saver=False)))  # fmt: skip
+    cfg = tiny_config(architectures=[ARCH_ECHO])
+    kvc = SimpleNamespace(is_draft_worker=True, model_config=SimpleNamespace(hf_config=cfg), pool_page_size=256,
+                          kv_cache_dtype=torch.bfloat16, device="cpu")  # fmt: skip
+    pool = KVCacheConfigurator._build_token_to_kv_pool(kvc, sizes=SimpleNamespace(max_total_num_tokens=2048),
+                                                       is_dsa_model=False, is_dsv4_model=False,
+                                                       req_to_token_pool=None)  # fmt: skip
+    assert isinstance(pool, EchoDraftKVPool)
+    assert pool.layer_id == cfg.num_hidden_layers - 1 and pool.rows.rows == 2048 + 256
+    assert pool.get_kv_size_bytes() == (2048 + 256) * echo_bytes_per_token(cfg, torch.bfloat16)
+
+
+def test_init_lm_head_hook_shares_the_targets_modules(hooks):
+    """SGLang's own `EagleDraftWorker.init_lm_head` (patched) on a draft and a target built from SGLang
+    layers: afterwards the draft runs the target's last layer, hc_head, embedding and lm_head."""
+    import twin_harness as th
+    from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    from sglang_ernie55.models.ernie55_echo import Ernie5_5MoeMTPModel
+
+    cfg = tiny_config()
+    target = th.build_model(cfg)
+    prev = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        draft = Ernie5_5MoeMTPModel(cfg)
+    finally:
+        torch.set_default_dtype(prev)
+    stub = SimpleNamespace(
+        speculative_algorithm=SpeculativeAlgorithm.EAGLE, hot_token_id=None,
+        draft_runner=SimpleNamespace(model=draft),
+        target_worker=SimpleNamespace(model_runner=SimpleNamespace(
+            model=target, model_config=SimpleNamespace(model_path="unused", revision=None), load_config=None)),
+    )  # fmt: skip
+    stub._resolve_shared_embed_and_head = lambda: EagleDraftWorker._resolve_shared_embed_and_head(stub)
+    assert not draft.attached
+    EagleDraftWorker.init_lm_head(stub)
+    assert draft.attached and draft.decoder_layer is target.model.layers[-1]
+    assert draft.hc_head is target.model.hc_head and draft.lm_head is target.lm_head
+    e, h = draft.get_embed_and_head()
+    assert e.data_ptr() == target.model.embed_tokens.weight.data_ptr()
+    assert h.data_ptr() == target.lm_head.weight.data_ptr()
