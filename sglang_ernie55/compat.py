@@ -77,6 +77,8 @@ REQUIRED_SYMBOLS: list[tuple[str, str, tuple[str, ...] | None]] = [
     ("sglang.srt.speculative.draft_utils", "DraftBackendFactory.create_decode_backend", ()),
     ("sglang.srt.speculative.draft_utils", "DraftBackendFactory.create_draft_extend_backend", ()),
     ("sglang.srt.speculative.eagle_worker_v2", "EagleDraftWorker.init_lm_head", ()),
+    ("sglang.srt.model_executor.model_runner_components.attention_backend_setup", "_build_resolved_backend",
+     ("model_runner", "resolved", "init_new_workspace")),
     ("sglang.srt.layers.logits_processor", "LogitsProcessor.forward",
      ("input_ids", "hidden_states", "lm_head", "logits_metadata", "aux_hidden_states", "hidden_states_before_norm")),
 ]

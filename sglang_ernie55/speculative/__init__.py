@@ -10,6 +10,7 @@
 | `DraftBackendFactory.create_decode_backend` | AROUND | `EchoMultiStepDraftBackend` (steps - 1 chained steps) |
 | `DraftBackendFactory.create_draft_extend_backend` | AROUND | `EchoDraftAttnBackend` |
 | `KVCacheConfigurator._build_token_to_kv_pool` | AROUND | the draft worker's `EchoDraftKVPool` |
+| `attention_backend_setup._build_resolved_backend` | AROUND | the draft runner's own backend: `EchoDraftAttnBackend` |
 | `EagleDraftWorker.init_lm_head` | AFTER | bind the target's embedding, last layer, hc_head, lm_head into the draft |
 
 `register()` calls `sglang_ernie55.mem_cache.register()` first: HookRegistry nests hooks of one target
@@ -27,6 +28,9 @@ HOOK_DRAFT_DECODE = "sglang.srt.speculative.draft_utils.DraftBackendFactory.crea
 HOOK_DRAFT_EXTEND = "sglang.srt.speculative.draft_utils.DraftBackendFactory.create_draft_extend_backend"
 HOOK_DRAFT_POOL = "sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator._build_token_to_kv_pool"
 HOOK_SHARE = "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker.init_lm_head"
+HOOK_RUNNER_BACKEND = (
+    "sglang.srt.model_executor.model_runner_components.attention_backend_setup._build_resolved_backend"
+)
 
 # SGLang speculative algorithms whose draft for this architecture is ECHO (after NEXTN -> EAGLE).
 ECHO_ALGORITHMS = (None, "EAGLE", "NEXTN")
@@ -98,6 +102,16 @@ def around_build_token_to_kv_pool(original, self, *args, sizes, req_to_token_poo
     )
 
 
+def around_build_resolved_backend(original, *args, model_runner, **kwargs):
+    """The draft ModelRunner builds a backend of its own from the attention-backend name (`ernie55`, whose
+    target backend refuses the draft pool); the ECHO draft runner gets the window-only draft backend."""
+    if getattr(model_runner, "is_draft_worker", False) and is_echo_draft(model_runner.model_config.hf_config):
+        from .backend import EchoDraftAttnBackend
+
+        return EchoDraftAttnBackend(model_runner)
+    return original(*args, model_runner=model_runner, **kwargs)
+
+
 def after_init_lm_head(result, self, *args, **kwargs):
     """EagleDraftWorker: both models are loaded and no draft forward has run yet; bind the target's
     modules into the ECHO draft and prove the sharing (same tensors, by data pointer)."""
@@ -136,6 +150,7 @@ HOOKS = (
     (HOOK_DRAFT_EXTEND, around_create_draft_extend_backend, "AROUND"),
     (HOOK_DRAFT_POOL, around_build_token_to_kv_pool, "AROUND"),
     (HOOK_SHARE, after_init_lm_head, "AFTER"),
+    (HOOK_RUNNER_BACKEND, around_build_resolved_backend, "AROUND"),
 )
 
 

@@ -222,3 +222,22 @@ def test_init_lm_head_hook_shares_the_targets_modules(hooks):
     e, h = draft.get_embed_and_head()
     assert e.data_ptr() == target.model.embed_tokens.weight.data_ptr()
     assert h.data_ptr() == target.lm_head.weight.data_ptr()
+
+
+def test_draft_runner_backend_is_the_echo_backend(hooks):
+    """The draft ModelRunner's own backend (built from the name `ernie55`) is the ECHO draft backend;
+    a target runner falls through."""
+    from sglang.srt.model_executor.model_runner_components import attention_backend_setup as abs_
+
+    from sglang_ernie55.speculative.backend import EchoDraftAttnBackend
+    from sglang_ernie55.speculative.pool import EchoDraftKVPool
+
+    cfg = tiny_config(architectures=[ARCH_ECHO])
+    runner = _draft_runner(cfg, EchoDraftKVPool(1024, 256, torch.bfloat16, cfg, device="cpu"))
+    runner.is_draft_worker = True
+    assert isinstance(abs_._build_resolved_backend(model_runner=runner, resolved=None, init_new_workspace=False),
+                      EchoDraftAttnBackend)  # fmt: skip
+    target = SimpleNamespace(is_draft_worker=False, model_config=SimpleNamespace(hf_config=tiny_config()))
+    got = hooks.around_build_resolved_backend(lambda **kw: "sglang's", model_runner=target, resolved=None,
+                                              init_new_workspace=False)  # fmt: skip
+    assert got == "sglang's"
