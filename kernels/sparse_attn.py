@@ -31,11 +31,7 @@ import torch
 import triton
 
 from ._pool import check, check_pool, dot_dtype, pool_args, pool_views
-from ._triton.sparse_attn import (
-    sparse_attn_combine_kernel,
-    sparse_attn_dsplit_kernel,
-    sparse_attn_split_kernel,
-)
+from ._triton.sparse_attn import sparse_attn_combine_kernel, sparse_attn_split_kernel
 from .layout import Geometry, KVLayout
 
 LN2 = math.log(2.0)
@@ -83,7 +79,6 @@ def sparse_mqa_attention(
     q: torch.Tensor, main: Scope, extra: Scope | None = None, *, sm_scale: float, d_v: int,
     sink: torch.Tensor | None = None, out: torch.Tensor | None = None, num_splits: int | None = None,
     block_h: int | None = None, block_n: int = 32, num_warps: int | None = None, num_stages: int = 1,
-    dv_split: int = 1,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """Returns (out [T, h, d_v] bf16 (or ``out``'s dtype), lse [T, h] fp32, natural log, without the sink).
 
@@ -92,9 +87,8 @@ def sparse_mqa_attention(
     sink:  fp32 [h] raw logits (added as exp(sink) to the denominator) or None.
     d_v:   512 (value = first d_v dims of the key; must equal the main width or main + rope).
     out:   optional [T, h, d_v] tensor written in place (any float dtype; last dim contiguous).
-    num_splits / block_h / block_n / num_warps / num_stages / dv_split: tuning; defaults pick a split
-           count that gives ~2 programs per SM. dv_split = 2 splits the value dims over two programs
-           (half the accumulator registers; the logits are computed by both).
+    num_splits / block_h / block_n / num_warps / num_stages: tuning; defaults pick a split count that
+           gives ~2 programs per SM.
     """
     a = pool_args(main.geom)
     T, H, D = q.shape
@@ -149,15 +143,10 @@ def sparse_mqa_attention(
     gb = ex.geom
     dummy_len = main.indices  # never read when HAS_L* is False
     nw = num_warps or (8 if bh >= 64 else 4)
-    check(
-        dv_split in (1, 2) and (dv_split == 1 or not v_tail), "dv_split: 1, or 2 when d_v is the main width"
-    )
     common = dict(HAS_B=extra is not None, HAS_LA=main.lengths is not None,
                   HAS_LB=extra is not None and extra.lengths is not None, HAS_SINK=sink is not None,
                   SINGLE=single, BH=bh, BN=block_n, DT=dot_dtype(), num_warps=nw, num_stages=num_stages)  # fmt: skip
-    kern = sparse_attn_split_kernel if dv_split == 1 else sparse_attn_dsplit_kernel
-    extra_kw = dict(V_TAIL=v_tail) if dv_split == 1 else {}
-    LAST_COMPILED["split"] = kern[(T, n_hb * dv_split, num_splits)](
+    LAST_COMPILED["split"] = sparse_attn_split_kernel[(T, n_hb, num_splits)](
         q, q.stride(0), q.stride(1), H, chunk,
         main.indices, main.indices.stride(0), main.lengths if main.lengths is not None else dummy_len, KA,
         *ua, a.page_size, a.page_bytes, a.data_stride, a.scale_base, a.scale_stride,
@@ -166,7 +155,7 @@ def sparse_mqa_attention(
         sink if sink is not None else lse, float(sm_scale),
         out, out.stride(0), out.stride(1), lse, part, plse, num_splits,
         KIND=a.kind, MAIN=a.main, NOPE=a.nope, TILE=a.tile, TAIL=a.tail, TAIL_OFF=a.tail_off,
-        **extra_kw, **common,
+        V_TAIL=v_tail, **common,
     )  # fmt: skip
     if not single:
         sparse_attn_combine_kernel[(T, H)](

@@ -40,9 +40,10 @@ def round_e4m3(x):
     bits = x.to(tl.int32, bitcast=True)
     k = ((bits >> 23) & 0xFF) - 127
     k = tl.maximum(k, -6) - 3  # grid step 2**k (subnormals: 2**-9)
-    y = x * pow2_float(-k)  # |y| < 16, exact
+    y = tl.abs(x) * pow2_float(-k)  # |y| < 16, exact
     r = (y + 12582912.0) - 12582912.0  # 1.5 * 2**23: fp32 add rounds to nearest even integer
-    return r * pow2_float(k)
+    r = r * pow2_float(k)
+    return tl.where(bits < 0, -r, r)  # keeps the sign of values that round to zero (-0, as torch)
 
 
 @triton.jit
@@ -68,19 +69,21 @@ def token_rows(slots, page_size, page_bytes, data_stride, scale_base, scale_stri
 def load_main(
     u8_ptr, f8_ptr, bf_ptr, f32_ptr, row, srow, valid,
     KIND: tl.constexpr, MAIN: tl.constexpr, NOPE: tl.constexpr, TILE: tl.constexpr, BN: tl.constexpr,
+    DT: tl.constexpr = tl.float32,
 ):  # fmt: skip
-    """[BN, MAIN] fp32 values of the main segment of BN tokens (rows/srows [BN] byte offsets).
+    """[BN, MAIN] values (dtype DT) of the main segment of BN tokens (rows/srows [BN] byte offsets).
 
     Dims d < NOPE are fp8 at ``row + d`` times their tile's scale (KIND 1/2); dims d >= NOPE are
-    bf16 at ``row + NOPE + 2 * (d - NOPE)`` (all of them for KIND 0, where NOPE = 0)."""
+    bf16 at ``row + NOPE + 2 * (d - NOPE)`` (all of them for KIND 0, where NOPE = 0). The scales are
+    powers of two, so e4m3 * scale is exact in bf16: DT = bf16 keeps the tile at half the registers."""
     d = tl.arange(0, MAIN)
     vmask = valid[:, None]
     if KIND == 0:
-        v = tl.load(bf_ptr + (row[:, None] + 2 * d[None, :]) // 2, mask=vmask, other=0.0).to(tl.float32)
+        v = tl.load(bf_ptr + (row[:, None] + 2 * d[None, :]) // 2, mask=vmask, other=0.0).to(DT)
     else:
         NT: tl.constexpr = MAIN // TILE
         is_q = d < NOPE
-        q = tl.load(f8_ptr + row[:, None] + d[None, :], mask=vmask & is_q[None, :], other=0.0).to(tl.float32)
+        q = tl.load(f8_ptr + row[:, None] + d[None, :], mask=vmask & is_q[None, :], other=0.0).to(DT)
         t = tl.arange(0, NT)
         tmask = vmask & (t < NOPE // TILE)[None, :]
         if KIND == 1:
@@ -88,13 +91,13 @@ def load_main(
             sc = (sb << 23).to(tl.float32, bitcast=True)
         else:
             sc = tl.load(f32_ptr + (srow[:, None] + 4 * t[None, :]) // 4, mask=tmask, other=1.0)
-        q = tl.reshape(tl.reshape(q, (BN, NT, TILE)) * sc[:, :, None], (BN, MAIN))
+        q = tl.reshape(tl.reshape(q, (BN, NT, TILE)) * sc.to(DT)[:, :, None], (BN, MAIN))
         if NOPE < MAIN:
             b = tl.load(
                 bf_ptr + (row[:, None] + NOPE + 2 * (d[None, :] - NOPE)) // 2,
                 mask=vmask & (d >= NOPE)[None, :],
                 other=0.0,
-            ).to(tl.float32)
+            ).to(DT)
             v = tl.where(is_q[None, :], q, b)
         else:
             v = q
@@ -102,12 +105,11 @@ def load_main(
 
 
 @triton.jit
-def load_tail(bf_ptr, row, valid, TAIL_OFF: tl.constexpr, TAIL: tl.constexpr):
-    """[BN, TAIL] fp32: TAIL bf16 values at ``row + TAIL_OFF``."""
+def load_tail(bf_ptr, row, valid, TAIL_OFF: tl.constexpr, TAIL: tl.constexpr, DT: tl.constexpr = tl.float32):
+    """[BN, TAIL] (dtype DT): TAIL bf16 values at ``row + TAIL_OFF``."""
     d = tl.arange(0, TAIL)
-    return tl.load(
-        bf_ptr + (row[:, None] + TAIL_OFF + 2 * d[None, :]) // 2, mask=valid[:, None], other=0.0
-    ).to(tl.float32)
+    ptr = bf_ptr + (row[:, None] + TAIL_OFF + 2 * d[None, :]) // 2
+    return tl.load(ptr, mask=valid[:, None], other=0.0).to(DT)
 
 
 @triton.jit
@@ -141,38 +143,3 @@ def encode_store(
             tl.store(u8_ptr + srow + t, sb, mask=t < SCALE_BYTES)
         else:
             tl.store(f32_ptr + (srow + 4 * t) // 4, pow2_float(e), mask=t < NQT)
-
-
-@triton.jit
-def load_part(
-    u8_ptr, f8_ptr, bf_ptr, f32_ptr, row, srow, valid, d0,
-    KIND: tl.constexpr, W: tl.constexpr, NOPE: tl.constexpr, TILE: tl.constexpr, BN: tl.constexpr,
-):  # fmt: skip
-    """[BN, W] fp32: dims d0 .. d0 + W - 1 of the main segment (d0 a runtime multiple of TILE), with
-    the same encoding rules as ``load_main``."""
-    d = d0 + tl.arange(0, W)
-    vmask = valid[:, None]
-    if KIND == 0:
-        v = tl.load(bf_ptr + (row[:, None] + 2 * d[None, :]) // 2, mask=vmask, other=0.0).to(tl.float32)
-    else:
-        NT: tl.constexpr = W // TILE
-        is_q = d < NOPE
-        q = tl.load(f8_ptr + row[:, None] + d[None, :], mask=vmask & is_q[None, :], other=0.0).to(tl.float32)
-        t = d0 // TILE + tl.arange(0, NT)
-        tmask = vmask & (t < NOPE // TILE)[None, :]
-        if KIND == 1:
-            sb = tl.load(u8_ptr + srow[:, None] + t[None, :], mask=tmask, other=127).to(tl.int32)
-            sc = (sb << 23).to(tl.float32, bitcast=True)
-        else:
-            sc = tl.load(f32_ptr + (srow[:, None] + 4 * t[None, :]) // 4, mask=tmask, other=1.0)
-        q = tl.reshape(tl.reshape(q, (BN, NT, TILE)) * sc[:, :, None], (BN, W))
-        if NOPE < 2 * W:
-            b = tl.load(
-                bf_ptr + (row[:, None] + NOPE + 2 * (d[None, :] - NOPE)) // 2,
-                mask=vmask & (d >= NOPE)[None, :],
-                other=0.0,
-            ).to(tl.float32)
-            v = tl.where(is_q[None, :], q, b)
-        else:
-            v = q
-    return v

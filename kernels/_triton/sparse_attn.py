@@ -12,7 +12,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .common import load_main, load_part, load_tail, token_rows
+from .common import load_main, load_tail, token_rows
 
 
 @triton.jit
@@ -31,10 +31,10 @@ def _attend_scope(
         slots = tl.load(idx_ptr + t * idx_stride + n, mask=inb, other=-1)
         valid = inb & (slots >= 0)
         row, srow = token_rows(slots, page_size, page_bytes, data_stride, scale_base, scale_stride)
-        k = load_main(u8_ptr, f8_ptr, bf_ptr, f32_ptr, row, srow, valid, KIND, MAIN, NOPE, TILE, BN).to(DT)
+        k = load_main(u8_ptr, f8_ptr, bf_ptr, f32_ptr, row, srow, valid, KIND, MAIN, NOPE, TILE, BN, DT)
         s = tl.dot(q, tl.trans(k))
         if TAIL > 0:
-            kt = load_tail(bf_ptr, row, valid, TAIL_OFF, TAIL).to(DT)
+            kt = load_tail(bf_ptr, row, valid, TAIL_OFF, TAIL, DT)
             s += tl.dot(q_t, tl.trans(kt))
         s = tl.where(valid[None, :], s * qk_scale, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -48,128 +48,6 @@ def _attend_scope(
             acc_t = acc_t * alpha[:, None] + tl.dot(pb, kt)
         m_i = m_new
     return m_i, l_i, acc, acc_t
-
-
-@triton.jit
-def _attend_scope_dsplit(
-    m_i, l_i, acc, q_m, q_o, q_t, dm, do,
-    idx_ptr, idx_stride, t, lo, hi,
-    u8_ptr, f8_ptr, bf_ptr, f32_ptr, page_size, page_bytes, data_stride, scale_base, scale_stride,
-    qk_scale,
-    KIND: tl.constexpr, HALF: tl.constexpr, NOPE: tl.constexpr, TILE: tl.constexpr,
-    TAIL: tl.constexpr, TAIL_OFF: tl.constexpr, BN: tl.constexpr, DT: tl.constexpr,
-):  # fmt: skip
-    """As _attend_scope, but this program accumulates only value dims dm .. dm + HALF - 1 (its half);
-    the logits still contract over both halves (dm and do)."""
-    offs = tl.arange(0, BN)
-    for n0 in range(lo, hi, BN):
-        n = n0 + offs
-        inb = n < hi
-        slots = tl.load(idx_ptr + t * idx_stride + n, mask=inb, other=-1)
-        valid = inb & (slots >= 0)
-        row, srow = token_rows(slots, page_size, page_bytes, data_stride, scale_base, scale_stride)
-        k_m = load_part(u8_ptr, f8_ptr, bf_ptr, f32_ptr, row, srow, valid, dm, KIND, HALF, NOPE, TILE, BN).to(
-            DT
-        )
-        k_o = load_part(u8_ptr, f8_ptr, bf_ptr, f32_ptr, row, srow, valid, do, KIND, HALF, NOPE, TILE, BN).to(
-            DT
-        )
-        s = tl.dot(q_m, tl.trans(k_m))
-        s += tl.dot(q_o, tl.trans(k_o))
-        if TAIL > 0:
-            kt = load_tail(bf_ptr, row, valid, TAIL_OFF, TAIL).to(DT)
-            s += tl.dot(q_t, tl.trans(kt))
-        s = tl.where(valid[None, :], s * qk_scale, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m_i - m_safe)
-        p = tl.exp2(s - m_safe[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(DT), k_m)
-        m_i = m_new
-    return m_i, l_i, acc
-
-
-@triton.jit
-def sparse_attn_dsplit_kernel(
-    q_ptr, q_stride_t, q_stride_h, H, chunk,
-    ia_ptr, ia_stride, la_ptr, KA,
-    a_u8, a_f8, a_bf, a_f32, a_ps, a_pb, a_ds, a_sb, a_ss,
-    ib_ptr, ib_stride, lb_ptr, KB,
-    b_u8, b_f8, b_bf, b_f32, b_ps, b_pb, b_ds, b_sb, b_ss,
-    sink_ptr, sm_scale,
-    o_ptr, o_stride_t, o_stride_h, lse_ptr, part_ptr, plse_ptr, n_split,
-    KIND: tl.constexpr, MAIN: tl.constexpr, NOPE: tl.constexpr, TILE: tl.constexpr,
-    TAIL: tl.constexpr, TAIL_OFF: tl.constexpr,
-    HAS_B: tl.constexpr, HAS_LA: tl.constexpr, HAS_LB: tl.constexpr, HAS_SINK: tl.constexpr,
-    SINGLE: tl.constexpr, BH: tl.constexpr, BN: tl.constexpr, DT: tl.constexpr,
-):  # fmt: skip
-    """sparse_attn_split_kernel with the value dims split over two programs (grid dim 1 = 2 x head
-    blocks): half the accumulator registers per program, at the price of computing the logits twice."""
-    t = tl.program_id(0).to(tl.int64)
-    hb = tl.program_id(1) // 2
-    half = tl.program_id(1) % 2
-    sp = tl.program_id(2)
-    LOG2E: tl.constexpr = 1.4426950408889634
-    HALF: tl.constexpr = MAIN // 2
-    qk_scale = sm_scale * LOG2E
-    dm = half * HALF
-    do = (1 - half) * HALF
-    h = hb * BH + tl.arange(0, BH)
-    hmask = h < H
-    dd = tl.arange(0, HALF)
-    qrow = q_ptr + t * q_stride_t + h[:, None] * q_stride_h
-    q_m = tl.load(qrow + dm + dd[None, :], mask=hmask[:, None], other=0.0).to(DT)
-    q_o = tl.load(qrow + do + dd[None, :], mask=hmask[:, None], other=0.0).to(DT)
-    if TAIL > 0:
-        dt = tl.arange(0, TAIL)
-        q_t = tl.load(qrow + MAIN + dt[None, :], mask=hmask[:, None], other=0.0).to(DT)
-    else:
-        q_t = q_m
-    len_a = KA
-    if HAS_LA:
-        len_a = tl.minimum(tl.load(la_ptr + t), KA)
-    len_b = 0
-    if HAS_B:
-        len_b = KB
-        if HAS_LB:
-            len_b = tl.minimum(tl.load(lb_ptr + t), KB)
-    m_i = tl.full([BH], float("-inf"), tl.float32)
-    l_i = tl.zeros([BH], tl.float32)
-    acc = tl.zeros([BH, HALF], tl.float32)
-    start = sp * chunk
-    end = start + chunk
-    m_i, l_i, acc = _attend_scope_dsplit(
-        m_i, l_i, acc, q_m, q_o, q_t, dm, do, ia_ptr, ia_stride, t, start, tl.minimum(end, len_a),
-        a_u8, a_f8, a_bf, a_f32, a_ps, a_pb, a_ds, a_sb, a_ss, qk_scale,
-        KIND, HALF, NOPE, TILE, TAIL, TAIL_OFF, BN, DT,
-    )  # fmt: skip
-    if HAS_B:
-        m_i, l_i, acc = _attend_scope_dsplit(
-            m_i, l_i, acc, q_m, q_o, q_t, dm, do, ib_ptr, ib_stride, t, tl.maximum(start - len_a, 0),
-            tl.minimum(end - len_a, len_b),
-            b_u8, b_f8, b_bf, b_f32, b_ps, b_pb, b_ds, b_sb, b_ss, qk_scale,
-            KIND, HALF, NOPE, TILE, TAIL, TAIL_OFF, BN, DT,
-        )  # fmt: skip
-    m_safe = tl.where(m_i == float("-inf"), 0.0, m_i)
-    if SINGLE:
-        denom = l_i
-        if HAS_SINK:
-            sk = tl.load(sink_ptr + h, mask=hmask, other=0.0) * LOG2E
-            m2 = tl.maximum(m_i, sk)
-            denom = l_i * tl.exp2(m_safe - m2) + tl.exp2(sk - m2)
-            acc = acc * tl.exp2(m_safe - m2)[:, None]
-        denom = tl.where(denom == 0.0, 1.0, denom)
-        optr = o_ptr + t * o_stride_t + h[:, None] * o_stride_h + dm
-        tl.store(optr + dd[None, :], (acc / denom[:, None]).to(o_ptr.dtype.element_ty), mask=hmask[:, None])
-        lse = tl.where(l_i > 0, m_safe + tl.log2(tl.where(l_i > 0, l_i, 1.0)), float("-inf"))
-        tl.store(lse_ptr + t * H + h, lse, mask=hmask)
-    else:
-        l_safe = tl.where(l_i == 0.0, 1.0, l_i)
-        pbase = part_ptr + ((t * n_split + sp) * H + h[:, None]) * MAIN + dm
-        tl.store(pbase + dd[None, :], acc / l_safe[:, None], mask=hmask[:, None])
-        lse = tl.where(l_i > 0, m_safe + tl.log2(l_safe), float("-inf"))
-        tl.store(plse_ptr + (t * n_split + sp) * H + h, lse, mask=hmask)
 
 
 @triton.jit

@@ -30,6 +30,8 @@ def _check(name, n_tok, pages):
     x = torch.randn(n_tok, width) * torch.logspace(-6, 6, n_tok)[:, None]
     x[0] = 0
     x[-1, 3] = 3e4
+    x[1, :64] = -1e-6  # negative values that round to -0 next to a large one
+    x[1, 5] = 400.0
     x = x.to(torch.bfloat16)
     pool = poison((pages, g.page_bytes), torch.uint8, "cpu")
     ref = pool.clone()

@@ -57,10 +57,6 @@ def test_hca_decode_tiny(kv, splits):
     _hca_case(kv, [1, 127, 129, 257], 1, H=4, num_splits=splits, check_mask_ref=True)
 
 
-def test_hca_dv_split_tiny():
-    _hca_case("fp8", [129, 300], 2, H=4, num_splits=2, dv_split=2)
-
-
 def test_hca_extend_tiny_dims():
     # tiny head dims (128 = 64 fp8 + 64 bf16 rope), a chunk of 3 queries per request
     _hca_case("fp8", [19, 130], 3, H=2, dim=128, rope=64, num_splits=2)
@@ -101,9 +97,9 @@ RAGGED = [1, 19, 97, 127, 128, 129, 255, 256, 257, 511, 513, 3001]
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("kv", ["fp8", "bf16"])
-@pytest.mark.parametrize("dv_split", [1, 2])
-def test_hca_decode_full(kv, dv_split):
-    _hca_case(kv, RAGGED, 1, H=64, check_mask_ref=True, dv_split=dv_split)
+@pytest.mark.parametrize("cfg", [{}, {"block_n": 64, "num_warps": 16}, {"block_h": 16, "num_warps": 4}])
+def test_hca_decode_full(kv, cfg):
+    _hca_case(kv, RAGGED, 1, H=64, check_mask_ref=True, **cfg)
 
 
 @pytest.mark.gpu
@@ -129,8 +125,8 @@ def test_hca_flashmla_same_cache(H):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("kv", ["fp8", "bf16"])
-@pytest.mark.parametrize("dv_split", [1, 2])
-def test_mla_sparse_full(kv, dv_split):
+@pytest.mark.parametrize("cfg", [{}, {"block_n": 64, "num_warps": 16}])
+def test_mla_sparse_full(kv, cfg):
     torch.manual_seed(2)
     g = L.mla_geometry(kv)
     reqs = PagedRequests([1, 97, 2048, 2049, 5000])
@@ -147,10 +143,10 @@ def test_mla_sparse_full(kv, dv_split):
     ln = torch.tensor([len(r) for r in rows], dtype=torch.int32)
     idx, ln = idx.to(DEV), ln.to(DEV)
     q = torch.randn(len(rows), 128, 576, device=DEV).to(torch.bfloat16)
-    o, _ = sparse_mqa_attention(q, Scope(pool, g, idx, ln), sm_scale=192**-0.5, d_v=512, dv_split=dv_split)
+    o, _ = sparse_mqa_attention(q, Scope(pool, g, idx, ln), sm_scale=192**-0.5, d_v=512, **cfg)
     ref = R.sparse_attention(q.cpu(), [(pool.cpu(), g, idx.cpu(), ln.cpu())], None, 192**-0.5, 512)
     assert rel(o.cpu(), ref) < TOL[kv]
-    if kv == "fp8" and dv_split == 1:
+    if kv == "fp8" and not cfg:
         try:
             import flash_mla  # noqa: F401
         except ImportError:
