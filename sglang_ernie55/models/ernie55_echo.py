@@ -18,7 +18,9 @@ steps, this draft's own R.
 
 from __future__ import annotations
 
+import itertools
 import json
+import os
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -35,6 +37,26 @@ from ..layers.linear import dequantize_fp8_block
 ECHO_PREFIX = "echo."
 SCALE_SUFFIX = "_scale_inv"
 INDEX_FILE = "model.safetensors.index.json"
+
+
+# Test-only: when set, every eager prefill draft-extend writes its inputs and outputs to
+# `<dir>/echo-<pid>-<n>.pt` (tests/echo/test_echo_gpu.py compares them with the reference).
+DUMP_DIR = os.environ.get("SGLANG_ERNIE55_ECHO_DUMP_DIR", "")
+_dumps = itertools.count()
+
+
+def _dump(input_ids, positions, fb, hidden, R) -> None:
+    if not fb.forward_mode.is_extend() or fb.forward_mode.is_target_verify():
+        return
+    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        return
+    lens = getattr(fb, "extend_seq_lens_cpu", None)
+    out = dict(
+        input_ids=input_ids, positions=positions, streams_in=fb.spec_info.hidden_states, hidden=hidden, R=R
+    )
+    out = {k: v.detach().cpu() for k, v in out.items()}
+    out["extend_seq_lens"] = list(lens) if lens is not None else None
+    torch.save(out, Path(DUMP_DIR) / f"echo-{os.getpid()}-{next(_dumps)}.pt")
 
 
 class Ernie55EchoWeightError(ValueError):
@@ -175,6 +197,8 @@ class Ernie5_5MoeMTPModel(nn.Module):
         self, input_ids, positions, forward_batch, input_embeds=None, pp_proxy_tensors=None, **kwargs
     ):
         hidden, R = self.hidden(input_ids, positions, forward_batch, input_embeds)
+        if DUMP_DIR:
+            _dump(input_ids, positions, forward_batch, hidden, R)
         return self.logits_processor(input_ids, hidden, self.lm_head, forward_batch,
                                      hidden_states_before_norm=R.flatten(1).to(hidden.dtype))  # fmt: skip
 

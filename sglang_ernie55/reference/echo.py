@@ -153,3 +153,16 @@ def make_echo_exact_(model: Ernie55ReferenceModel, seed: int = 0, eps: float = 0
     e.e_proj.weight.copy_(torch.eye(H, dtype=e.e_proj.weight.dtype))
     e.h_proj.weight.copy_((torch.randn(H, H, generator=g) * eps * H**-0.5).to(e.h_proj.weight.dtype))
     return sigma
+
+
+def write_echo_exact_checkpoint(out, seed: int = 0, eps: float = 0.02, fmt: str = "bf16", force: bool = False):
+    """A tiny checkpoint (helper-3's writer, tokenizer included) whose ECHO head is exact by construction
+    (`make_echo_exact_`); returns (path, sigma)."""
+    from ..checkpoint.tiny import preset_config
+    from ..checkpoint.writer import write_checkpoint
+    from .model import build_reference
+
+    cfg = preset_config("tiny")
+    model = build_reference(cfg, seed=seed, dtype=torch.bfloat16)
+    sigma = make_echo_exact_(model, seed=seed, eps=eps)
+    return write_checkpoint(out, cfg, model.state_dict(), fmt, force=force), sigma

@@ -20,7 +20,12 @@ draft worker before the target-pool hook sees it.
 
 from __future__ import annotations
 
+import logging
+
 from ..configuration import ARCH_ECHO, ARCH_MAIN, ARCHITECTURES
+
+logger = logging.getLogger(__name__)
+SHARE_LOG = "ECHO draft attached:"
 
 HOOK_DRAFT_ARCH = "sglang.srt.configs.model_config.ModelConfig._config_draft_model"
 HOOK_SPEC_HIDDEN = "sglang.srt.configs.model_config.resolve_spec_hidden_size"
@@ -120,7 +125,14 @@ def after_init_lm_head(result, self, *args, **kwargs):
         return result
     target = self.target_worker.model_runner.model
     draft.attach_target(target)
-    check_shared(draft, target)
+    shared = check_shared(draft, target)
+    tparams = dict(target.named_parameters())
+    shared_bytes = sum(tparams[n].numel() * tparams[n].element_size() for n in shared)
+    own_bytes = sum(p.numel() * p.element_size() for p in draft.parameters())
+    logger.info(
+        f"{SHARE_LOG} shared_tensors={len(shared)} shared_bytes={shared_bytes} draft_owned_bytes={own_bytes} "
+        f"(the draft runs the target's last layer, hc_head, embedding and lm_head by data pointer)"
+    )
     return result
 
 
