@@ -150,6 +150,13 @@ def main():
           f"triton {triton.__version__}; measured copy bandwidth {bw:.2f} TB/s")  # fmt: skip
     rows = []
 
+    class _Rows(list):
+        def append(self, r):  # print each row as it is measured (a cut-short run still reports)
+            print("ROW", json.dumps(r), flush=True)
+            super().append(r)
+
+    rows = _Rows()
+
     # --- config sweep on the 128K shapes
     hq, hmain, hextra, hsink, _ = hca_inputs("fp8", 64, 128 * 1024)
     hcfg = sweep("hca fp8 b64 128K", lambda c: sparse_mqa_attention(
