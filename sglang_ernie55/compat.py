@@ -69,6 +69,11 @@ REQUIRED_SYMBOLS: list[tuple[str, str, tuple[str, ...] | None]] = [
     ("sglang.srt.layers.radix_attention", "RadixAttention.forward", ("q", "k", "v", "forward_batch")),
     ("sglang.srt.model_executor.forward_context", "ForwardContext", None),
     ("sglang.srt.layers.moe.topk", "StandardTopKOutput", ("topk_weights", "topk_ids", "router_logits")),
+    (
+        "sglang.srt.model_executor.model_runner_components.moe_ep_setup",
+        "check_quantized_moe_compatibility",
+        ("model_config", "tp_size", "moe_ep_size", "moe_dp_size"),
+    ),
     # ECHO speculative decoding (sglang_ernie55/speculative; docs/echo.md)
     ("sglang.srt.configs.model_config", "ModelConfig._config_draft_model", ()),
     ("sglang.srt.configs.model_config", "resolve_spec_hidden_size", ("hf_config", "hidden_size", "hc_mult")),

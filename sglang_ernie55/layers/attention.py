@@ -139,7 +139,7 @@ class Ernie55HCAAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, forward_batch) -> torch.Tensor:
         T = x.shape[0]
-        q = self.wq_b(self.q_norm(self.wq_a(x)[0]))[0].view(T, self.h, self.D).float()
+        q = self.wq_b(norm_fp32(self.q_norm, self.wq_a(x)[0]).to(x.dtype))[0].view(T, self.h, self.D).float()
         q = self._rope_tail(Fn.rms_norm(q, None, self.eps), positions)
         kv = self._rope_tail(norm_fp32(self.kv_norm, self.wkv(x)[0]), positions)
         cs = self.compressor.project(x)
@@ -188,7 +188,7 @@ class Ernie55MLADSAAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, forward_batch) -> torch.Tensor:
         T, rope = x.shape[0], self._rope[0]
-        q_lat = self.q_a_layernorm(self.q_a_proj(x)[0])
+        q_lat = norm_fp32(self.q_a_layernorm, self.q_a_proj(x)[0]).to(x.dtype)
         q = self.q_b_proj(q_lat)[0].view(T, self.h, self.dn + self.dr).float()
         q_pe = rope.interleaved(q[..., self.dn :], positions)
         kv_a = self.kv_a_proj_with_mqa(x)[0].float()

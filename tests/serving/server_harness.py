@@ -1,0 +1,233 @@
+"""Launch a real SGLang server (`python -m sglang.launch_server`, the code path of `sglang serve`) on a
+checkpoint, send concurrent /v1/completions, and score the answers against the reference model.
+
+Scoring is teacher-forced: the reference runs prompt + server tokens in one full-sequence forward, so
+each generated position is compared on the same prefix (no divergence cascade).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import requests
+import torch
+
+PROMPT_LENGTHS = (1, 19, 127, 128, 129, 255, 256, 257, 383, 513, 1000, 2100)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def make_prompts(vocab: int, bos: int, lengths=PROMPT_LENGTHS, seed: int = 0) -> list[list[int]]:
+    """Random token prompts, BOS first; plus one that shares a 512-token (2-page) prefix with another."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for n in lengths:
+        ids = torch.randint(3, vocab, (n,), generator=g).tolist()
+        ids[0] = bos
+        out.append(ids)
+    base = next(p for p in out if len(p) >= 1000)
+    out.append(base[:512] + torch.randint(3, vocab, (150,), generator=g).tolist())
+    return out
+
+
+class Server:
+    def __init__(
+        self, model_path: str, *args: str, log_name: str = "server", device_args=(), timeout: float = 600
+    ):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        log_dir = Path(os.environ.get("SERVING_LOG_DIR") or tempfile.mkdtemp())
+        log_dir.mkdir(parents=True, exist_ok=True)
+        self.log_path = log_dir / f"{log_name}.log"
+        cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(model_path), "--host", "127.0.0.1",
+               "--port", str(self.port), *device_args, *args]  # fmt: skip
+        self.cmd = cmd
+        self._log = open(self.log_path, "w")
+        self._log.write(" ".join(cmd) + "\n")
+        self._log.flush()
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
+        t0 = time.time()
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.tail()}")
+            try:
+                r = requests.get(self.url + "/v1/models", timeout=5)
+                if r.status_code == 200:
+                    break
+            except requests.RequestException:
+                pass
+            if time.time() - t0 > timeout:
+                self.stop()
+                raise TimeoutError(f"server not up after {timeout}s:\n{self.tail()}")
+            time.sleep(2)
+        self.model = r.json()["data"][0]["id"]
+        # /v1/models answers before the warm-up request finishes; wait for the first real generation
+        while time.time() - t0 < timeout:
+            try:
+                if requests.get(self.url + "/health_generate", timeout=60).status_code == 200:
+                    break
+            except requests.RequestException:
+                pass
+            time.sleep(2)
+        self.startup_s = time.time() - t0
+
+    def tail(self, n: int = 60) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)  # the server's own process group (started above)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(30)
+        self._log.close()
+
+    def complete(self, prompt: list[int], max_tokens: int) -> dict:
+        body = dict(model=self.model, prompt=prompt, max_tokens=max_tokens, temperature=0, logprobs=1,
+                    return_token_ids=True, ignore_eos=True)  # fmt: skip
+        r = requests.post(self.url + "/v1/completions", json=body, timeout=600)
+        if r.status_code != 200:
+            raise RuntimeError(f"/v1/completions {r.status_code}: {r.text[:500]}\n{self.tail()}")
+        ch = r.json()["choices"][0]
+        return {"tokens": ch["token_ids"], "logprobs": ch["logprobs"]["token_logprobs"]}
+
+    def complete_all(self, prompts: list[list[int]], max_tokens: int, workers: int = 16) -> list[dict]:
+        with ThreadPoolExecutor(workers) as ex:
+            return list(ex.map(lambda p: self.complete(p, max_tokens), prompts))
+
+
+@dataclass
+class Score:
+    n_prompts: int = 0
+    positions: int = 0
+    top1: int = 0
+    first_token: int = 0
+    near_top1: int = 0  # server token within `eps` of the reference max logprob (near-ties)
+    worst_gap: float = 0.0  # max over positions of (reference max logprob - logprob of the server's token)
+    max_lp_err: float = 0.0
+    mean_lp_err: float = 0.0
+    mismatches: list = field(default_factory=list)
+
+    def summary(self) -> str:
+        return (f"prompts {self.n_prompts}, positions {self.positions}: top-1 {self.top1}/{self.positions} "
+                f"({self.top1 / max(self.positions, 1):.4f}), first token {self.first_token}/{self.n_prompts}, "
+                f"near-top-1 {self.near_top1}/{self.positions}, worst top-1 gap {self.worst_gap:.4f}, "
+                f"logprob |err| max {self.max_lp_err:.4f} "
+                f"mean {self.mean_lp_err:.4f}")  # fmt: skip
+
+
+@torch.no_grad()
+def score(ref, prompts, outs, device, eps: float = 0.05) -> Score:
+    s = Score()
+    errs = []
+    for p, o in zip(prompts, outs):
+        toks = o["tokens"]
+        seq = torch.tensor(p + toks, device=device)
+        logits = ref.forward(seq).logits[len(p) - 1 : len(p) - 1 + len(toks)].float()
+        lp = torch.log_softmax(logits, -1)
+        t = torch.tensor(toks, device=device)
+        ref_top = lp.argmax(-1)
+        chosen = lp.gather(1, t[:, None])[:, 0]
+        s.n_prompts += 1
+        s.positions += len(toks)
+        agree = ref_top == t
+        s.top1 += int(agree.sum())
+        s.first_token += int(agree[0])
+        gaps = lp.max(-1).values - chosen
+        s.near_top1 += int((gaps <= eps).sum())
+        s.worst_gap = max(s.worst_gap, float(gaps.max()))
+        err = (torch.tensor(o["logprobs"], device=device) - chosen).abs()
+        errs.append(err)
+        if not bool(agree.all()):
+            i = int((~agree).nonzero()[0])
+            s.mismatches.append({"prompt_len": len(p), "pos": i, "server": toks[i], "ref": int(ref_top[i]),
+                                 "gap": float(lp[i].max() - chosen[i])})  # fmt: skip
+    e = torch.cat(errs)
+    s.max_lp_err, s.mean_lp_err = float(e.max()), float(e.mean())
+    return s
+
+
+def _device_safe_visible_mask(q_pos, kv_pos, n_cmp: int, window: int, ratio: int):
+    """reference.functional.hca_visible_mask with its compressed-index arange on q_pos's device (the
+    reference builds it on the CPU, which fails for CUDA inputs); same values."""
+    d = q_pos[:, None] - kv_pos[None, :]
+    j = torch.arange(n_cmp, device=q_pos.device)
+    return (d >= 0) & (d < window), j[None, :] < ((q_pos + 1) // ratio)[:, None]
+
+
+def load_reference(path, device):
+    from sglang_ernie55.checkpoint.loader import load_checkpoint
+    from sglang_ernie55.reference import functional as Fn
+    from sglang_ernie55.reference.model import build_reference
+
+    if device != "cpu":
+        Fn.hca_visible_mask = _device_safe_visible_mask
+
+    cfg, sd = load_checkpoint(path, dtype=torch.float32)
+    ref = build_reference(cfg, seed=None)
+    ref.load_state_dict(sd)
+    return cfg, ref.float().to(device).eval()
+
+
+def write_report(name: str, data) -> None:
+    d = os.environ.get("SERVING_LOG_DIR")
+    if d:
+        with open(Path(d) / "serving-results.jsonl", "a") as f:
+            f.write(json.dumps({"test": name, **data}) + "\n")
+
+
+class kv_rounded_reference:
+    """Context manager: the reference with exactly the tensors the serving pool stores rounded to `dtype`
+    (HCA window kv and compressed entries; MLA latent, k_pe and indexer keys), queries and state in fp32.
+
+    This is the oracle for "bf16 KV": the serving cache holds these values in bf16, and with
+    index_topk < sequence length a rounding-level change of a key can flip a near-tie in the DSA top-k."""
+
+    def __init__(self, dtype=torch.bfloat16):
+        self.dtype = dtype
+
+    def __enter__(self):
+        from sglang_ernie55.reference import functional as Fn
+        from sglang_ernie55.reference import model as M
+
+        rnd = lambda t: t.to(self.dtype).float()  # noqa: E731
+        self._saved = (M.HCAAttention.project, M.MLADSAAttention.project, Fn.hca_compress)
+        hca_project, mla_project, compress = self._saved
+
+        def hca(self_, x, pos):
+            q, kv, c, s = hca_project(self_, x, pos)
+            return q, rnd(kv), c, s
+
+        def mla(self_, x, pos):
+            q_nope, q_pe, latent, k_pe, q_idx, k_idx, w_idx = mla_project(self_, x, pos)
+            return q_nope, q_pe, rnd(latent), rnd(k_pe), q_idx, rnd(k_idx), w_idx
+
+        M.HCAAttention.project, M.MLADSAAttention.project = hca, mla
+        Fn.hca_compress = lambda *a, **k: rnd(compress(*a, **k))
+        return self
+
+    def __exit__(self, *exc):
+        from sglang_ernie55.reference import functional as Fn
+        from sglang_ernie55.reference import model as M
+
+        M.HCAAttention.project, M.MLADSAAttention.project, Fn.hca_compress = self._saved
+        return False
