@@ -47,6 +47,19 @@ def round_e4m3(x):
 
 
 @triton.jit
+def e4m3_bits(r):
+    """The e4m3fn byte (uint8) of an fp32 value already on the e4m3 grid (round_e4m3 output), built in
+    integer arithmetic: the sign of zero survives (a compiler may drop it in float code) and no fp8
+    cast is involved."""
+    b = r.to(tl.int32, bitcast=True)
+    sign = (b >> 24) & 0x80
+    e = ((b >> 23) & 0xFF) - 127
+    normal = ((e + 7) << 3) | ((b >> 20) & 7)
+    sub = (tl.abs(r) * 512.0).to(tl.int32)  # subnormal: multiples of 2**-9
+    return (tl.where(e >= -6, normal, sub) | sign).to(tl.uint8)
+
+
+@triton.jit
 def round_bf16(x):
     """x (fp32, finite) rounded to bf16 nearest-even in integer arithmetic; the cast that follows is
     then exact (the CPU interpreter's own bf16 cast truncates)."""
@@ -133,7 +146,7 @@ def encode_store(
         e = pow2_exponent(amax)
         q = tl.reshape(x3 * pow2_float(-e)[:, None], (MAIN,))
         q = round_e4m3(tl.minimum(tl.maximum(q, -448.0), 448.0))
-        tl.store(f8_ptr + row + d, q.to(f8_ptr.dtype.element_ty), mask=is_q)
+        tl.store(u8_ptr + row + d, e4m3_bits(q), mask=is_q)
         if NOPE < MAIN:
             tl.store(
                 bf_ptr + (row + NOPE + 2 * (d - NOPE)) // 2, round_bf16(x).to(tl.bfloat16), mask=d >= NOPE
