@@ -257,3 +257,23 @@ def test_echo_bytes_per_token(setup):
     for dt in (torch.bfloat16, torch.float8_e4m3fn):
         pool = EchoDraftKVPool(4 * PAGE, PAGE, dt, cfg, device="cpu")
         assert pool.get_kv_size_bytes() == pool.token_rows * echo_bytes_per_token(cfg, dt)
+
+
+def test_chunked_draft_extend_equals_whole(setup):
+    """Chunked prefill: the draft-extend of a 300-entry prompt in chunks 0..99 | 100..299 (with a second
+    request's rows in the first batch) gives the reference's whole-sequence logits."""
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    cfg, ref, _, draft = setup
+    sess = DraftSession(draft, cfg)
+    g = torch.Generator().manual_seed(13)
+    S = torch.randn(300, cfg.hc_mult, cfg.hidden_size, generator=g)
+    T = torch.randint(0, cfg.vocab_size, (300,), generator=g)
+    S2 = torch.randn(7, cfg.hc_mult, cfg.hidden_size, generator=g)
+    T2 = torch.randint(0, cfg.vocab_size, (7,), generator=g)
+    first, _ = sess.run(ForwardMode.EXTEND, [3] * 7 + [0] * 100, list(range(7)) + list(range(100)),
+                        torch.cat([T2, T[:100]]), torch.cat([S2, S[:100]]), ragged=[7, 100])  # fmt: skip
+    second, _ = sess.run(ForwardMode.EXTEND, [0] * 200, list(range(100, 300)), T[100:], S[100:], ragged=[200])
+    want = ref.echo_forward(S, T).logits
+    torch.testing.assert_close(torch.cat([first[7:], second]), want, rtol=2e-4, atol=2e-4)
+    torch.testing.assert_close(first[:7], ref.echo_forward(S2, T2).logits, rtol=2e-4, atol=2e-4)
