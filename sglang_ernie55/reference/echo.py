@@ -155,7 +155,9 @@ def make_echo_exact_(model: Ernie55ReferenceModel, seed: int = 0, eps: float = 0
     return sigma
 
 
-def write_echo_exact_checkpoint(out, seed: int = 0, eps: float = 0.02, fmt: str = "bf16", force: bool = False):
+def write_echo_exact_checkpoint(
+    out, seed: int = 0, eps: float = 0.02, fmt: str = "bf16", force: bool = False
+):
     """A tiny checkpoint (helper-3's writer, tokenizer included) whose ECHO head is exact by construction
     (`make_echo_exact_`); returns (path, sigma)."""
     from ..checkpoint.tiny import preset_config
