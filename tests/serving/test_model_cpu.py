@@ -209,3 +209,22 @@ def test_padded_graph_rows_do_not_touch_live_state(cfg, model_fp32):
     for lid, st in s.pool.state.items():
         assert torch.equal(st[: s.pool.state_scratch], snapshot[lid][: s.pool.state_scratch])
         assert torch.equal(s.pool.cmp[lid].data[:-1], cmp_before[lid][:-1])
+
+
+@pytest.mark.slow
+def test_twin_full_width_attention_geometry():
+    """Real attention widths (H 4096, 64 heads, HCA head 512 in 8 output groups, MLA 512+64 latent,
+    indexer 64x128) on two dense layers with a small vocab: the twin equals the reference in fp32 across
+    the window / block boundary, chunked prefill and decode."""
+    from sglang_ernie55.configuration import Ernie55Config
+    from sglang_ernie55.reference.model import build_reference
+
+    cfg = Ernie55Config(vocab_size=512, num_hidden_layers=2, layer_types=["hca", "mla_dsa"], first_k_dense_replace=2,
+                        intermediate_size=256, bos_token_id=1, eos_token_id=2)  # fmt: skip
+    ref = build_reference(cfg, seed=0).float()
+    model = th.build_model(cfg, dtype=torch.float32)
+    model.load_weights(ref.state_dict().items())
+    ids = _prompt(cfg, 150, 7)
+    s = th.Session(model, cfg, torch.float32, num_pages=2, max_ctx=512, slots=2)
+    got = torch.cat([s.extend([0], [ids[:100]]), s.extend([0], [ids[100:149]]), s.decode([0], [int(ids[149])])])
+    torch.testing.assert_close(got, ref.forward(ids).logits, atol=2e-4, rtol=2e-4)

@@ -1,0 +1,95 @@
+"""First baseline on one H200: a reduced-depth, full-width FP8 checkpoint (4 layers: dense+HCA,
+MLA-DSA, HCA, HCA at the real widths, 512 experts, vocab 103424) served by SGLang with the `ernie55`
+backend (stage 1 torch twin), fp8_e4m3 KV, decode CUDA graphs on.
+
+Measures decode throughput at batch 1 and 64 and TTFT of a 32K-token prompt (streaming
+/v1/completions), writes them to $SERVING_LOG_DIR/serving-results.jsonl and prints a table. The
+asserts only check that the measurements are real (every request produced its tokens); the numbers
+are the baseline the Triton kernels have to beat.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import requests
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+import server_harness as sh  # noqa: E402
+
+pytestmark = [pytest.mark.gpu, pytest.mark.h200, pytest.mark.slow]
+
+CTX = 32768 + 1024
+DECODE_TOKENS = 128
+
+
+def _stream(server: sh.Server, prompt: list[int], max_tokens: int) -> dict:
+    """One streaming completion: time to first token, end time, tokens received."""
+    body = dict(model=server.model, prompt=prompt, max_tokens=max_tokens, temperature=0, ignore_eos=True,
+                stream=True, return_token_ids=True)  # fmt: skip
+    t0 = time.perf_counter()
+    first, n = None, 0
+    with requests.post(server.url + "/v1/completions", json=body, stream=True, timeout=1800) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if not line or not line.startswith(b"data: ") or line == b"data: [DONE]":
+                continue
+            ch = json.loads(line[6:])["choices"][0]
+            k = len(ch.get("token_ids") or []) or (1 if ch.get("text") else 0)
+            if k and first is None:
+                first = time.perf_counter() - t0
+            n += k
+    return {"ttft": first, "total": time.perf_counter() - t0, "tokens": n}
+
+
+def test_full_width_fp8_baseline(tmp_path):
+    from sglang_ernie55.checkpoint.tiny import make_checkpoint
+
+    t0 = time.time()
+    path = make_checkpoint(tmp_path / "fw4", preset="full-width", layers=4, dtype="fp8", device="cuda")
+    torch.cuda.empty_cache()
+    make_s = time.time() - t0
+    server = sh.Server(path, "--kv-cache-dtype", "fp8_e4m3", "--context-length", str(CTX),
+                       "--max-running-requests", "64", "--cuda-graph-max-bs-decode", "64",
+                       "--chunked-prefill-size", "8192", "--mem-fraction-static", "0.85",
+                       "--disable-prefill-cuda-graph", "--sampling-backend", "pytorch",
+                       log_name="full-width-fp8", timeout=1200)  # fmt: skip
+    try:
+        g = torch.Generator().manual_seed(0)
+        vocab = 103424
+
+        def prompt(n):
+            ids = torch.randint(3, vocab, (n,), generator=g).tolist()
+            ids[0] = 1
+            return ids
+
+        _stream(server, prompt(64), 8)  # warm-up (Triton autotune / JIT)
+        b1 = _stream(server, prompt(128), DECODE_TOKENS)
+        prompts = [prompt(128) for _ in range(64)]
+        t = time.perf_counter()
+        with ThreadPoolExecutor(64) as ex:
+            b64 = list(ex.map(lambda p: _stream(server, p, DECODE_TOKENS), prompts))
+        b64_wall = time.perf_counter() - t
+        long = _stream(server, prompt(32768), 1)
+    finally:
+        server.stop()
+    res = {
+        "make_checkpoint_s": round(make_s, 1),
+        "server_startup_s": round(server.startup_s, 1),
+        "decode_tok_s_bs1": round((b1["tokens"] - 1) / (b1["total"] - b1["ttft"]), 2),
+        "decode_tok_s_bs64_total": round(sum(r["tokens"] for r in b64) / b64_wall, 2),
+        "decode_tok_s_bs64_per_req": round(
+            sum((r["tokens"] - 1) / (r["total"] - r["ttft"]) for r in b64) / len(b64), 2
+        ),
+        "ttft_32k_s": round(long["ttft"], 3),
+    }
+    sh.write_report("full_width_fp8_baseline", res)
+    print("\n| metric | value |\n| --- | --- |\n" + "\n".join(f"| {k} | {v} |" for k, v in res.items()))
+    assert b1["tokens"] == DECODE_TOKENS and all(r["tokens"] == DECODE_TOKENS for r in b64)
+    assert long["tokens"] == 1 and long["ttft"] > 0
