@@ -1,6 +1,10 @@
 """Kernel tests run the Triton kernels themselves: on a CUDA GPU natively, on CPU CI through the
 Triton interpreter (TRITON_INTERPRET=1, set here before any kernel module is imported; tiny shapes only).
-Tests marked `gpu` are the full-size ones (skipped with a reason on CPU by tests/conftest.py)."""
+Tests marked `gpu` are the full-size ones (skipped with a reason on CPU by tests/conftest.py).
+
+The variable stays set for the whole CPU session: Triton reads it both when a function is decorated
+and when it is launched. Without a GPU no compiled Triton kernel could run anyway, so other tests see
+no difference beyond interpreted (instead of failing) Triton launches."""
 
 import os
 
