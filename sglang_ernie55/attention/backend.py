@@ -12,6 +12,7 @@ sglang_ernie55.layers.attention). Helper-4's Triton kernels replace `_hca_*` / `
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -21,6 +22,16 @@ from ..mem_cache.pool import Ernie55TokenToKVPool
 from ..reference import functional as Fn
 
 QUERY_CHUNK = 1024  # extend queries per attention block (bounds the [q, h, keys] logits)
+# HCA attention implementation: "torch" (the twin, default) or "triton" (helper-4's paged sparse MQA
+# kernel, `sglang_ernie55.kernels.sparse_attn`, over the same packed pools). MLA-DSA stays torch.
+HCA_IMPL_ENV = "SGLANG_ERNIE55_HCA_ATTN"
+
+
+def hca_impl() -> str:
+    impl = os.environ.get(HCA_IMPL_ENV, "torch")
+    if impl not in ("torch", "triton"):
+        raise ValueError(f"{HCA_IMPL_ENV} must be 'torch' or 'triton', got {impl!r}")
+    return impl
 
 
 @dataclass
@@ -51,6 +62,7 @@ class Ernie55AttnBackend(AttentionBackend):
         self.page_size = pool.page_size
         self.W, self.ratio, self.topk = cfg.window_size, cfg.compress_ratio, cfg.index_topk
         self.meta: ExtendMeta | DecodeMeta | None = None
+        self.hca_triton = hca_impl() == "triton" and not pool.dense
 
     # ------------------------------------------------------------------ metadata
     def _round_width(self, n: int) -> int:
@@ -136,6 +148,23 @@ class Ernie55AttnBackend(AttentionBackend):
             keys_cmp = cmp.read(self._cmp_slots(torch.full((nb,), req, device=q.device),
                                                 torch.arange(nb, device=q.device)))  # fmt: skip
             keys = torch.cat([keys_raw, keys_cmp], 0)
+            if self.hca_triton:
+                qpos = torch.arange(P, L, device=q.device)
+                wpos = qpos[:, None] - (W - 1) + torch.arange(W, device=q.device)
+                widx = torch.where(wpos >= 0, self.req_to_token[req, wpos.clamp(min=0)].long(), -1)
+                cslots = self._cmp_slots(
+                    torch.full((nb,), req, device=q.device), torch.arange(nb, device=q.device)
+                )
+                visible = (
+                    torch.arange(nb, device=q.device)[None, :]
+                    < torch.div(qpos + 1, ratio, rounding_mode="floor")[:, None]
+                )
+                cidx = torch.where(visible, cslots[None, :].long(), -1)
+                out[off : off + E] = self._hca_kernel(
+                    q[off : off + E], win, cmp, widx, cidx, sink, layer.scaling
+                )
+                off += E
+                continue
             for c0 in range(0, E, QUERY_CHUNK):
                 c1 = min(E, c0 + QUERY_CHUNK)
                 qpos = torch.arange(P + c0, P + c1, device=q.device)
@@ -179,9 +208,24 @@ class Ernie55AttnBackend(AttentionBackend):
             self.req_to_token[req[:, None], (j * ratio)[None, :].expand(B, -1)], ratio, rounding_mode="floor"
         )
         keys_c = cmp.read(torch.where(cmask, cl, torch.full_like(cl, pool.cmp_scratch)))
+        if self.hca_triton:
+            widx = torch.where(wmask, self.req_to_token[req[:, None], wpos.clamp(min=0)].long(), -1)
+            return self._hca_kernel(q, win, cmp, widx, torch.where(cmask, cl.long(), -1), sink, layer.scaling)
         keys = torch.cat([keys_w, keys_c], 1)
         mask = torch.cat([wmask, cmask], 1)
         return _masked_sink_attention(q, keys, keys, mask, sink, layer.scaling)
+
+    @staticmethod
+    def _hca_kernel(q, win, cmp, widx, cidx, sink, scale):
+        """helper-4's paged sparse MQA: window slots (main) + compressed slots (extra), -1 = none, sink."""
+        from ..kernels.sparse_attn import Scope, sparse_mqa_attention
+
+        out, _ = sparse_mqa_attention(
+            q.to(torch.bfloat16).contiguous(), Scope(win.pool, win.geom, widx.to(torch.int32).contiguous()),
+            Scope(cmp.pool, cmp.geom, cidx.to(torch.int32).contiguous()), sm_scale=scale, d_v=q.shape[-1],
+            sink=sink.float().contiguous(),
+        )  # fmt: skip
+        return out.float()
 
     # ------------------------------------------------------------------ MLA-DSA
     def _mla_extend(self, q, kc, iq, iw, ik, layer, fb):

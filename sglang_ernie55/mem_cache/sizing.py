@@ -28,21 +28,14 @@ def normalize_kv_dtype(name: str) -> str:
     raise ValueError(f"ERNIE-5.5 KV cache dtype must be fp8_e4m3 or bfloat16, got {name!r}")
 
 
-def row_bytes(dim: int, rope: int, kv_dtype: str, tile: int) -> int:
-    """Bytes of one stored row (RowCodec): bf16 dim; fp8 codes + fp32 scale per tile + bf16 rope tail."""
-    if normalize_kv_dtype(kv_dtype) == BF16_KV:
-        return 2 * dim
-    nope = dim - rope
-    tile = min(tile, nope)
-    return nope + 4 * (nope // tile) + 2 * rope
-
-
 @dataclass(frozen=True)
 class KVBytes:
-    window_row: int
-    cmp_row: int
-    latent_row: int
-    index_row: int
+    """Bytes per full-pool token of each buffer (page bytes / tokens per page, page padding included)."""
+
+    window_row: float
+    cmp_row: float  # per compressed entry
+    latent_row: float
+    index_row: float
     state_per_slot: int  # all HCA layers
     n_hca: int
     n_mla: int
@@ -53,18 +46,21 @@ class KVBytes:
                 + self.n_mla * (self.latent_row + self.index_row))  # fmt: skip
 
 
-def kv_bytes(config, kv_dtype: str) -> KVBytes:
-    from .pool import HCA_FP8_TILE, MLA_FP8_TILE
+def kv_bytes(config, kv_dtype: str, page_size: int = 256) -> KVBytes:
+    """From the byte layouts of `sglang_ernie55.kernels.layout` at this config's widths."""
+    from ..kernels.layout import hca_geometry, idx_geometry, mla_geometry
 
     c = config
+    kv = normalize_kv_dtype(kv_dtype)
     n_hca = sum(t == LAYER_HCA for t in c.layer_types)
     n_mla = len(c.layer_types) - n_hca
     D, r = c.head_dim, c.qk_rope_head_dim
+    per = lambda g: g.page_bytes / g.page_size  # noqa: E731
     return KVBytes(
-        window_row=row_bytes(D, r, kv_dtype, HCA_FP8_TILE),
-        cmp_row=row_bytes(D, r, kv_dtype, HCA_FP8_TILE),
-        latent_row=row_bytes(c.kv_lora_rank + r, r, kv_dtype, MLA_FP8_TILE),
-        index_row=row_bytes(c.index_head_dim, 0, kv_dtype, c.index_head_dim),
+        window_row=per(hca_geometry(kv, D, r, page_size)),
+        cmp_row=per(hca_geometry(kv, D, r, page_size // c.compress_ratio)),
+        latent_row=per(mla_geometry(kv, c.kv_lora_rank, r, page_size)),
+        index_row=per(idx_geometry(kv, c.index_head_dim, page_size)),
         state_per_slot=n_hca * c.compress_ratio * 2 * D * 4,
         n_hca=n_hca, n_mla=n_mla, ratio=c.compress_ratio,
     )  # fmt: skip

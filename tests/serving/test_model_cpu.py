@@ -226,5 +226,7 @@ def test_twin_full_width_attention_geometry():
     model.load_weights(ref.state_dict().items())
     ids = _prompt(cfg, 150, 7)
     s = th.Session(model, cfg, torch.float32, num_pages=2, max_ctx=512, slots=2)
-    got = torch.cat([s.extend([0], [ids[:100]]), s.extend([0], [ids[100:149]]), s.decode([0], [int(ids[149])])])
+    got = torch.cat(
+        [s.extend([0], [ids[:100]]), s.extend([0], [ids[100:149]]), s.decode([0], [int(ids[149])])]
+    )
     torch.testing.assert_close(got, ref.forward(ids).logits, atol=2e-4, rtol=2e-4)
