@@ -4,9 +4,9 @@ SGLang's EAGLE draft worker shares the target's `req_to_token` and token allocat
 indexed by the same full-pool slots `loc` as the target's (row 0 .. page_size-1 = SGLang's padding page)
 but holds only what the window-only draft attention reads (ARCHITECTURE.md convention 11):
 
-- HCA last layer: the normed, roped kv row [head_dim] per token (same RowCodec as the target's window:
-  bf16, or e4m3 + ue8m0 scale per 64 + bf16 rope tail). No compressed entries, no open-block state: the
-  sink is a parameter of the shared layer.
+- HCA last layer: the normed, roped kv row [head_dim] per token, in the target's window layout
+  (kernels/layout.py: SGLang's V4 layout in fp8, 584 B/token; bf16). No compressed entries, no open-block
+  state: the sink is a parameter of the shared layer.
 - MLA-DSA last layer: `[latent | k_pe]` per token; no indexer keys (plain MLA over the window).
 
 The draft attends only the `window_size` most recent positions, so a ring of W rows per request would
@@ -20,46 +20,59 @@ import torch
 from sglang.srt.mem_cache.memory_pool import KVCache
 
 from ..configuration import LAYER_HCA
-from ..mem_cache.pool import HCA_FP8_TILE, MLA_FP8_TILE, RowCodec, is_fp8
+from ..kernels.layout import hca_geometry, mla_geometry
+from ..mem_cache.pool import DenseRows, PackedRows, is_fp8
 
 
-def echo_row_spec(config) -> tuple[str, int, int, int, bool]:
-    """(kind, dim, rope, fp8 tile, ue8m0) of the draft's per-token row for the last layer's kind."""
-    kind = config.layer_types[-1]
-    if kind == LAYER_HCA:
-        return kind, config.head_dim, config.qk_rope_head_dim, HCA_FP8_TILE, True
-    return kind, config.kv_lora_rank + config.qk_rope_head_dim, config.qk_rope_head_dim, MLA_FP8_TILE, False
+def _kv_name(kv_dtype: torch.dtype) -> str:
+    return "fp8_e4m3" if is_fp8(kv_dtype) else "bfloat16"
 
 
-def echo_bytes_per_token(config, kv_dtype: torch.dtype) -> int:
-    """Draft KV bytes per full-pool token (what the target's pool configurator must reserve for ECHO)."""
-    _, dim, rope, tile, _ = echo_row_spec(config)
-    if not is_fp8(kv_dtype):
-        return 2 * dim
-    nope = dim - rope
-    tile = min(tile, nope)
-    return nope + 4 * (nope // tile) + 2 * rope
+def echo_geometry(config, kv_dtype: torch.dtype, page_size: int = 256):
+    """Byte geometry (kernels/layout.py) of the draft's per-token row: the target's window layout for an
+    HCA last layer (SGLang's V4 layout in fp8), the MLA latent layout for an MLA-DSA one."""
+    kv, r = _kv_name(kv_dtype), config.qk_rope_head_dim
+    if config.layer_types[-1] == LAYER_HCA:
+        return hca_geometry(kv, config.head_dim, r, page_size)
+    return mla_geometry(kv, config.kv_lora_rank, r, page_size)
+
+
+def echo_row_width(config) -> int:
+    """Values per token row: head_dim (HCA, K = V) or kv_lora_rank + rope (MLA)."""
+    if config.layer_types[-1] == LAYER_HCA:
+        return config.head_dim
+    return config.kv_lora_rank + config.qk_rope_head_dim
+
+
+def echo_bytes_per_token(config, kv_dtype: torch.dtype, page_size: int = 256) -> float:
+    """Draft KV bytes per full-pool token, page padding included (what the target's pool configurator must
+    reserve for ECHO): full size, HCA fp8 585 B (584 B/token + the V4 page padding), bf16 1024 B."""
+    g = echo_geometry(config, kv_dtype, page_size)
+    return g.page_bytes / g.page_size
 
 
 class EchoDraftKVPool(KVCache):
     """One layer of per-token rows, addressed by the target's full-pool slots; `layer_id` is the target's
-    last layer (the draft runs that very module, whose RadixAttention carries that id)."""
+    last layer (the draft runs that very module, whose RadixAttention carries that id). Storage as the
+    target's window: a paged uint8 pool in the kernels/layout.py byte layout (`PackedRows`), or fp32
+    `DenseRows` for a pool built with dtype float32 (exactness tests only)."""
 
     def __init__(self, size: int, page_size: int, dtype: torch.dtype, config, device: str,
                  enable_memory_saver: bool = False) -> None:  # fmt: skip
         self.layer_id = config.num_hidden_layers - 1
         super().__init__(size, page_size, dtype, 1, device, enable_memory_saver, self.layer_id, self.layer_id)
         self.config = config
-        self.kind, dim, rope, tile, ue8m0 = echo_row_spec(config)
+        self.kind = config.layer_types[-1]
         self.window = config.window_size
-        sd = (
-            torch.float32 if dtype == torch.float32 else torch.bfloat16
-        )  # fp32 rows: CPU exactness tests only
+        self.fp8 = is_fp8(dtype)
         self.token_rows = size + page_size
-        self.rows = RowCodec(self.token_rows, dim, rope, is_fp8(dtype), tile, ue8m0, device, sd)
+        if dtype == torch.float32:
+            self.rows = DenseRows(self.token_rows, echo_row_width(config), device)
+        else:
+            self.rows = PackedRows(echo_geometry(config, dtype, page_size), self.token_rows, device)
         self._finalize_allocation_log(size)
 
-    def check_layer(self, layer_id: int) -> RowCodec:
+    def check_layer(self, layer_id: int):
         if layer_id != self.layer_id:
             raise ValueError(
                 f"the ECHO draft pool holds layer {self.layer_id} (the target's last), not {layer_id}"
@@ -68,7 +81,7 @@ class EchoDraftKVPool(KVCache):
 
     # ------------------------------------------------------------------ SGLang KVCache surface
     def get_kv_size_bytes(self) -> int:
-        return self.rows.nbytes()
+        return sum(b.numel() * b.element_size() for b in self.rows.buffers())
 
     def _unsupported(self, what: str):
         raise NotImplementedError(

@@ -187,7 +187,7 @@ def test_draft_pool_hook_builds_the_echo_pool(hooks, monkeypatch):
                                                        is_dsa_model=False, is_dsv4_model=False,
                                                        req_to_token_pool=None)  # fmt: skip
     assert isinstance(pool, EchoDraftKVPool)
-    assert pool.layer_id == cfg.num_hidden_layers - 1 and pool.rows.rows == 2048 + 256
+    assert pool.layer_id == cfg.num_hidden_layers - 1 and pool.token_rows == 2048 + 256
     assert pool.get_kv_size_bytes() == (2048 + 256) * echo_bytes_per_token(cfg, torch.bfloat16)
 
 
