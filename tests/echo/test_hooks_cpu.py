@@ -30,6 +30,26 @@ def _write(path: Path, config: dict) -> str:
     return str(path)
 
 
+def _unpatch(target: str) -> None:
+    """Restore a target HookRegistry already patched (in this test process, before the ECHO hooks were
+    registered) to SGLang's original, so that apply_hooks() re-applies all of its hooks, ours included. In a
+    server every hook is registered before the one apply_hooks() of plugin loading."""
+    import pkgutil
+
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    if target not in HookRegistry._patched:
+        return
+    obj_path, attr = target.rsplit(".", 1)
+    obj = pkgutil.resolve_name(obj_path)
+    fn = obj.__dict__[attr] if isinstance(obj, type) else getattr(obj, attr)
+    raw = fn.__func__ if isinstance(fn, (classmethod, staticmethod)) else fn
+    while hasattr(raw, "__wrapped__"):
+        raw = raw.__wrapped__
+    setattr(obj, attr, type(fn)(raw) if isinstance(fn, (classmethod, staticmethod)) else raw)
+    HookRegistry._patched.discard(target)
+
+
 @pytest.fixture(scope="module")
 def hooks():
     """The plugin as SGLang loads it, plus the ECHO hooks, applied to SGLang (process-wide)."""
@@ -39,6 +59,8 @@ def hooks():
 
     plugin.register()
     speculative.register()
+    for target, _, _ in speculative.HOOKS:
+        _unpatch(target)
     HookRegistry.apply_hooks()
     return speculative
 
