@@ -49,9 +49,13 @@ def register() -> None:
         return
     compat.check()
     register_config()
-    register_models()
-    from . import args
+    from . import args, attention, layers, mem_cache, speculative
 
-    args.register()
+    args.register()  # defaults + validation of the server arguments
+    attention.register()  # the `ernie55` attention backend factory
+    layers.register()  # MoE width check hook (dequantised tiny experts)
+    mem_cache.register()  # pool configurator / pool builder hooks
+    speculative.register()  # ECHO draft wiring (after mem_cache: nests around its pool hook)
+    register_models()
     _registered = True
     logger.info("sglang-ernie55 plugin registered")

@@ -12,7 +12,6 @@ sglang_ernie55.layers.attention). Helper-4's Triton kernels replace `_hca_*` / `
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
@@ -24,14 +23,13 @@ from ..reference import functional as Fn
 QUERY_CHUNK = 1024  # extend queries per attention block (bounds the [q, h, keys] logits)
 # HCA attention implementation: "torch" (the twin, default) or "triton" (helper-4's paged sparse MQA
 # kernel, `sglang_ernie55.kernels.sparse_attn`, over the same packed pools). MLA-DSA stays torch.
-HCA_IMPL_ENV = "SGLANG_ERNIE55_HCA_ATTN"
+HCA_IMPL_ENV = "SGLANG_ERNIE55_HCA_ATTN"  # read in sglang_ernie55.envs (the list of every variable)
 
 
 def hca_impl() -> str:
-    impl = os.environ.get(HCA_IMPL_ENV, "torch")
-    if impl not in ("torch", "triton"):
-        raise ValueError(f"{HCA_IMPL_ENV} must be 'torch' or 'triton', got {impl!r}")
-    return impl
+    from ..envs import hca_attn_impl
+
+    return hca_attn_impl()
 
 
 @dataclass

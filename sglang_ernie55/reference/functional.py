@@ -41,7 +41,7 @@ def hca_compress_block(
     ratio = c.shape[0]
     w = torch.softmax(s.float() + ape.float(), dim=0)
     cmp = rms_norm((w * c.float()).sum(0), norm_w, eps)
-    pos = torch.tensor([ratio * block_index])
+    pos = torch.tensor([ratio * block_index], device=c.device)
     cmp[-rope_dim:] = apply_rope_interleaved(cmp[None, -rope_dim:], pos, inv_freq)[0]
     return cmp
 
@@ -67,7 +67,7 @@ def hca_visible_mask(
     """Masks [T, S] over raw keys (p-W < s <= p) and [T, n_cmp] over compressed entries (j < (p+1)//ratio)."""
     d = q_pos[:, None] - kv_pos[None, :]
     raw = (d >= 0) & (d < window)
-    j = torch.arange(n_cmp)
+    j = torch.arange(n_cmp, device=q_pos.device)
     cmp = j[None, :] < ((q_pos + 1) // ratio)[:, None]
     return raw, cmp
 
