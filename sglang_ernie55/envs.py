@@ -5,6 +5,7 @@
 | `SGLANG_PLUGINS` | unset | SGLang's own whitelist of general plugins; `ernie55` must be in it when it is set |
 | `SGLANG_ERNIE55_SKIP_VERSION_CHECK` | `0` | `1` lets the plugin load on an SGLang other than the pinned one (unsupported) |
 | `SGLANG_ERNIE55_ALLOW_PARSERS` | `0` | `1` lets `--reasoning-parser` / `--tool-call-parser` through on the Base model |
+| `SGLANG_ERNIE55_ECHO_DUMP_DIR` | unset | tests only: the ECHO draft dumps its inputs / logits there (tests/echo) |
 | `SGLANG_ERNIE55_HCA_ATTN` | `torch` | `triton` runs HCA attention of the `ernie55` backend through the Triton sparse kernel |
 """
 

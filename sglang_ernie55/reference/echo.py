@@ -93,12 +93,12 @@ def greedy_speculative(
     b = int(torch.argmax(out.logits[-1]))
     res = SpecResult([b])
     # draft-extend over the prompt: entry i = target stream i + token i+1 (the last one's token is b)
-    d_streams, d_next, d_start = out.streams, torch.cat([prompt_ids[1:], torch.tensor([b])]), 0
+    d_streams, d_next, d_start = out.streams, torch.cat([prompt_ids[1:], prompt_ids.new_tensor([b])]), 0
     L = prompt_ids.shape[0]
     while len(res.tokens) < max_new_tokens:
         rnd = draft_round(model, dcache, d_streams, d_next, d_start, steps)
         res.rounds.append(rnd)
-        cand = torch.tensor([b] + rnd.tokens)
+        cand = prompt_ids.new_tensor([b] + rnd.tokens)
         ver = model.step(cand, copy.deepcopy(tcache))
         target_next = torch.argmax(ver.logits, -1).tolist()  # the target's token after each candidate
         a = 0
@@ -108,7 +108,7 @@ def greedy_speculative(
         res.accept_lengths.append(a + 1)
         out = model.step(accepted, tcache)  # commit positions L .. L+a
         # next draft-extend: the committed positions, each with the token that follows it
-        d_streams, d_next, d_start = out.streams, torch.cat([accepted[1:], torch.tensor([b])]), L
+        d_streams, d_next, d_start = out.streams, torch.cat([accepted[1:], accepted.new_tensor([b])]), L
         L += a + 1
         res.tokens += accepted[1:].tolist() + [b]
     res.tokens = res.tokens[:max_new_tokens]
