@@ -43,11 +43,11 @@ def test_installed_wheel_imports_both_kernels_packages(wheel, tmp_path):
         check=True, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     code = (
-        "import sys; sys.path.insert(0, %r); "
+        f"import sys; sys.path.insert(0, {str(target)!r}); "
         "import kernels, sglang_ernie55.kernels as ours; "
-        "assert ours.__file__.startswith(%r), ours.__file__; "
-        "assert not kernels.__file__.startswith(%r), kernels.__file__; "
+        f"assert ours.__file__.startswith({str(target)!r}), ours.__file__; "
+        f"assert not kernels.__file__.startswith({str(target)!r}), kernels.__file__; "
         "print('OK', kernels.__name__, ours.__name__)"
-    ) % (str(target), str(target), str(target))
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert out.returncode == 0 and "OK kernels sglang_ernie55.kernels" in out.stdout, out.stderr[-3000:]

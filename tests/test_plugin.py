@@ -13,15 +13,15 @@ import pytest
 from sglang_ernie55 import compat, plugin
 from sglang_ernie55.configuration import ARCH_ECHO, ARCH_MAIN, MODEL_TYPE
 
-PROBE = """
+PROBE = f"""
 import json
 from sglang.srt.plugins import load_plugins
 load_plugins()
 from sglang.srt.models.registry import ModelRegistry
 from sglang.srt.utils.hf_transformers.common import _CONFIG_REGISTRY
-print("PROBE" + json.dumps({a: getattr(ModelRegistry.models.get(a), "__module__", None) for a in %r}
-                          | {"config": "%s" in _CONFIG_REGISTRY}))
-""" % ([ARCH_MAIN, ARCH_ECHO], MODEL_TYPE)
+print("PROBE" + json.dumps({{a: getattr(ModelRegistry.models.get(a), "__module__", None) for a in {[ARCH_MAIN, ARCH_ECHO]!r}}}
+                          | {{"config": "{MODEL_TYPE}" in _CONFIG_REGISTRY}}))
+"""
 
 
 def _probe(env_plugins: str | None) -> dict:
