@@ -10,6 +10,9 @@ skips it with a reason where that is absent, so the CPU suite stays green and a 
 from __future__ import annotations
 
 import functools
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -33,11 +36,28 @@ def pytest_collection_modifyitems(config, items):
         if not wants_gpu:
             continue
         if count == 0:
-            item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU (none here; run the GPU suite on the device)"))
+            item.add_marker(
+                pytest.mark.skip(reason="needs a CUDA GPU (none here; run the GPU suite on the device)")
+            )
             continue
         for m in item.iter_markers("gpus"):
             need = int(m.args[0]) if m.args else 1
             if count < need:
-                item.add_marker(pytest.mark.skip(reason=f"needs {need} GPUs in one host, this host has {count}"))
+                item.add_marker(
+                    pytest.mark.skip(reason=f"needs {need} GPUs in one host, this host has {count}")
+                )
         if item.get_closest_marker("h200") is not None and "H200" not in name:
             item.add_marker(pytest.mark.skip(reason=f"H200 cell; this GPU is {name!r}"))
+
+
+@pytest.fixture(scope="session")
+def built_wheel(tmp_path_factory) -> Path:
+    """The project's wheel, built once per test session (offline, no build isolation)."""
+    out = tmp_path_factory.mktemp("wheel")
+    root = Path(__file__).resolve().parents[1]
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out), str(root)],
+        check=True, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    (whl,) = out.glob("sglang_ernie55-*.whl")
+    return whl

@@ -14,19 +14,15 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
-def wheel(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("wheel")
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out), str(ROOT)],
-        check=True, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    (whl,) = out.glob("sglang_ernie55-*.whl")
-    return whl
+def wheel(built_wheel) -> Path:
+    return built_wheel
 
 
 def test_wheel_layout(wheel):
     names = zipfile.ZipFile(wheel).namelist()
-    assert not [n for n in names if n.startswith("kernels/")], "a top-level kernels/ would shadow PyPI's `kernels`"
+    assert not [n for n in names if n.startswith("kernels/")], (
+        "a top-level kernels/ would shadow PyPI's `kernels`"
+    )
     assert "sglang_ernie55/kernels/__init__.py" in names
     assert any(n.startswith("sglang_ernie55/reference/") for n in names)
     cells = [n for n in names if n.startswith("sglang_ernie55/cells/") and n.endswith(".toml")]
@@ -49,5 +45,7 @@ def test_installed_wheel_imports_both_kernels_packages(wheel, tmp_path):
         f"assert not kernels.__file__.startswith({str(target)!r}), kernels.__file__; "
         "print('OK', kernels.__name__, ours.__name__)"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path
+    )
     assert out.returncode == 0 and "OK kernels sglang_ernie55.kernels" in out.stdout, out.stderr[-3000:]

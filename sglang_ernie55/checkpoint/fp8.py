@@ -54,4 +54,4 @@ def dequantize_fp8_block(
             f"scale_inv shape {tuple(scale_inv.shape)} does not match weight {(rows, cols)}: want {want}"
         )
     s = scale_inv.float().repeat_interleave(block, 0)[:rows].repeat_interleave(block, 1)[:, :cols]
-    return (q.float() * s).to(dtype)
+    return (q.float() * s.to(q.device)).to(dtype)

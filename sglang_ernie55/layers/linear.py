@@ -10,10 +10,6 @@ and the loader dequantizes its FP8 tensors into the parameter dtype (`W = fp8 * 
 
 from __future__ import annotations
 
-import math
-
-import torch
-
 FP8_BLOCK = 128
 
 
@@ -27,15 +23,3 @@ def linear_quant_config(quant_config, in_features: int, out_features: int):
     if quant_config is None or not fp8_block_ok(in_features, out_features):
         return None
     return quant_config
-
-
-def dequantize_fp8_block(q: torch.Tensor, scale_inv: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """codes [rows, cols] (float8_e4m3fn) + scale_inv [ceil(rows/128), ceil(cols/128)] -> W in `dtype`."""
-    rows, cols = q.shape
-    want = (math.ceil(rows / FP8_BLOCK), math.ceil(cols / FP8_BLOCK))
-    if tuple(scale_inv.shape) != want:
-        raise ValueError(
-            f"scale_inv shape {tuple(scale_inv.shape)} does not match weight {(rows, cols)}: want {want}"
-        )
-    s = scale_inv.float().repeat_interleave(FP8_BLOCK, 0)[:rows].repeat_interleave(FP8_BLOCK, 1)[:, :cols]
-    return (q.float() * s.to(q.device)).to(dtype)

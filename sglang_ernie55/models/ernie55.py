@@ -17,9 +17,9 @@ from sglang.srt.layers.logits_processor import LogitsProcessor
 from sglang.srt.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
 from torch import nn
 
+from ..checkpoint.fp8 import dequantize_fp8_block
 from ..configuration import LAYER_HCA, Ernie55Config
 from ..layers.attention import Ernie55HCAAttention, Ernie55MLADSAAttention, RopeTable, norm_fp32
-from ..layers.linear import dequantize_fp8_block
 from ..layers.mhc import HyperConnection, HyperHead
 from ..layers.moe import Ernie55LatentMoE, Ernie55SwiGLU
 

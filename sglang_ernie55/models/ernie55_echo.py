@@ -30,9 +30,9 @@ from sglang.srt.layers.linear import ReplicatedLinear
 from sglang.srt.layers.logits_processor import LogitsProcessor
 from torch import nn
 
+from ..checkpoint.fp8 import dequantize_fp8_block
 from ..configuration import ARCH_MAIN, Ernie55Config
 from ..layers.attention import norm_fp32
-from ..layers.linear import dequantize_fp8_block
 
 ECHO_PREFIX = "echo."
 SCALE_SUFFIX = "_scale_inv"

@@ -16,14 +16,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def wheel(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("wheel-cells")
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out), str(ROOT)],
-        check=True, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    (whl,) = out.glob("sglang_ernie55-*.whl")
-    return whl
+def wheel(built_wheel) -> Path:
+    return built_wheel
 
 
 def test_wheel_contains_every_cell(wheel):
