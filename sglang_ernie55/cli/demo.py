@@ -145,6 +145,6 @@ def run(args: argparse.Namespace) -> int:
     make_checkpoint(ckpt, preset="tiny", dtype=args.dtype, seed=args.seed, force=True)
     if torch.cuda.is_available() and not args.cpu:
         return _serve_and_ask(ckpt, args)
-    _say("No CUDA GPU on this machine: SGLang cannot serve here, so no server is started. "
-         "Doing the part that runs on CPU.")  # fmt: skip
+    reason = "--cpu was given" if args.cpu else "No CUDA GPU on this machine"
+    _say(f"{reason}: SGLang cannot serve here, so no server is started. Doing the part that runs on CPU.")
     return _cpu_part(ckpt, args)
