@@ -70,7 +70,32 @@ class DenseRows:
         return self.data[loc.reshape(-1).long()].float().view(*loc.shape, self.width)
 
 
-class Ernie55TokenToKVPool(KVCache):
+class OwnRowsKVSurface:
+    """SGLang's generic per-layer KV accessors, refused: our pools are read and written only through their
+    own layer-typed rows by our backends. `_ACCESS_NOTE` names who does that in the error."""
+
+    _ACCESS_NOTE = "the ernie55 backend reads and writes the pool through its own layer-typed buffers"
+
+    def _unsupported(self, what: str):
+        raise NotImplementedError(
+            f"{type(self).__name__}: {what} is not supported ({self._ACCESS_NOTE}; "
+            "HiCache/PD/generic KV access are a later stage)"
+        )
+
+    def get_key_buffer(self, layer_id: int):
+        self._unsupported("get_key_buffer")
+
+    def get_value_buffer(self, layer_id: int):
+        self._unsupported("get_value_buffer")
+
+    def get_kv_buffer(self, layer_id: int):
+        self._unsupported("get_kv_buffer")
+
+    def set_kv_buffer(self, layer, loc, cache_k, cache_v, *args, **kwargs) -> None:
+        self._unsupported("set_kv_buffer")
+
+
+class Ernie55TokenToKVPool(OwnRowsKVSurface, KVCache):
     """Hybrid HCA / MLA-DSA pool addressed by SGLang's full-pool slots (stage 1: window kept per token)."""
 
     def __init__(self, size: int, page_size: int, dtype: torch.dtype, config, num_req_slots: int, device: str,
@@ -127,21 +152,3 @@ class Ernie55TokenToKVPool(KVCache):
 
     def get_kv_size_bytes(self) -> int:
         return sum(b.numel() * b.element_size() for b in self._all_buffers())
-
-    def _unsupported(self, what: str):
-        raise NotImplementedError(
-            f"Ernie55TokenToKVPool: {what} is not supported (the ernie55 backend reads and writes the pool "
-            "through its own layer-typed buffers; HiCache/PD/generic KV access are a later stage)"
-        )
-
-    def get_key_buffer(self, layer_id: int):
-        self._unsupported("get_key_buffer")
-
-    def get_value_buffer(self, layer_id: int):
-        self._unsupported("get_value_buffer")
-
-    def get_kv_buffer(self, layer_id: int):
-        self._unsupported("get_kv_buffer")
-
-    def set_kv_buffer(self, layer, loc, cache_k, cache_v, *args, **kwargs) -> None:
-        self._unsupported("set_kv_buffer")

@@ -21,7 +21,7 @@ from sglang.srt.mem_cache.memory_pool import KVCache
 
 from ..configuration import LAYER_HCA
 from ..kernels.layout import hca_geometry, mla_geometry
-from ..mem_cache.pool import DenseRows, PackedRows, is_fp8
+from ..mem_cache.pool import DenseRows, OwnRowsKVSurface, PackedRows, is_fp8
 
 
 def _kv_name(kv_dtype: torch.dtype) -> str:
@@ -51,11 +51,13 @@ def echo_bytes_per_token(config, kv_dtype: torch.dtype, page_size: int = 256) ->
     return g.page_bytes / g.page_size
 
 
-class EchoDraftKVPool(KVCache):
+class EchoDraftKVPool(OwnRowsKVSurface, KVCache):
     """One layer of per-token rows, addressed by the target's full-pool slots; `layer_id` is the target's
     last layer (the draft runs that very module, whose RadixAttention carries that id). Storage as the
     target's window: a paged uint8 pool in the kernels/layout.py byte layout (`PackedRows`), or fp32
     `DenseRows` for a pool built with dtype float32 (exactness tests only)."""
+
+    _ACCESS_NOTE = "the ECHO draft backend reads and writes the pool through its own rows"
 
     def __init__(self, size: int, page_size: int, dtype: torch.dtype, config, device: str,
                  enable_memory_saver: bool = False) -> None:  # fmt: skip
@@ -82,21 +84,3 @@ class EchoDraftKVPool(KVCache):
     # ------------------------------------------------------------------ SGLang KVCache surface
     def get_kv_size_bytes(self) -> int:
         return sum(b.numel() * b.element_size() for b in self.rows.buffers())
-
-    def _unsupported(self, what: str):
-        raise NotImplementedError(
-            f"EchoDraftKVPool: {what} is not supported (the ECHO draft backend reads and writes the pool "
-            "through its own rows; HiCache/PD/generic KV access are a later stage)"
-        )
-
-    def get_key_buffer(self, layer_id: int):
-        self._unsupported("get_key_buffer")
-
-    def get_value_buffer(self, layer_id: int):
-        self._unsupported("get_value_buffer")
-
-    def get_kv_buffer(self, layer_id: int):
-        self._unsupported("get_kv_buffer")
-
-    def set_kv_buffer(self, layer, loc, cache_k, cache_v, *args, **kwargs) -> None:
-        self._unsupported("set_kv_buffer")
