@@ -113,8 +113,7 @@ def test_entry_class_and_strict_echo_weights(setup):
 
 
 def test_fp8_echo_weights_dequantized_on_load(setup):
-    from sglang_ernie55.checkpoint.fp8 import quantize_fp8_block
-    from sglang_ernie55.checkpoint.fp8 import dequantize_fp8_block
+    from sglang_ernie55.checkpoint.fp8 import dequantize_fp8_block, quantize_fp8_block
 
     cfg, ref, _, draft = setup
     sd = dict(ref.state_dict())
