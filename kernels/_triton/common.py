@@ -47,12 +47,14 @@ def round_e4m3(x):
 
 
 @triton.jit
-def e4m3_bits(r):
-    """The e4m3fn byte (uint8) of an fp32 value already on the e4m3 grid (round_e4m3 output), built in
-    integer arithmetic: the sign of zero survives (a compiler may drop it in float code) and no fp8
-    cast is involved."""
+def e4m3_bits(r, x):
+    """The e4m3fn byte (uint8) of an fp32 value ``r`` already on the e4m3 grid (round_e4m3 output of
+    ``x``), built in integer arithmetic with the sign bit taken from ``x`` itself: values that round to
+    zero keep their sign (-0, as torch's cast), which float code loses on the GPU (nvcc/ptxas fold
+    ``where(x < 0, -r, r)`` and min/max clamps of a zero; seen on the H200 with Triton 3.6), and no
+    fp8 cast is involved."""
     b = r.to(tl.int32, bitcast=True)
-    sign = (b >> 24) & 0x80
+    sign = (x.to(tl.int32, bitcast=True) >> 24) & 0x80
     e = ((b >> 23) & 0xFF) - 127
     normal = ((e + 7) << 3) | ((b >> 20) & 7)
     sub = (tl.abs(r) * 512.0).to(tl.int32)  # subnormal: multiples of 2**-9
@@ -145,8 +147,8 @@ def encode_store(
         amax = tl.maximum(tl.max(tl.abs(x3), axis=1), 1e-8)
         e = pow2_exponent(amax)
         q = tl.reshape(x3 * pow2_float(-e)[:, None], (MAIN,))
-        q = round_e4m3(tl.minimum(tl.maximum(q, -448.0), 448.0))
-        tl.store(u8_ptr + row + d, e4m3_bits(q), mask=is_q)
+        r = round_e4m3(tl.minimum(tl.maximum(q, -448.0), 448.0))
+        tl.store(u8_ptr + row + d, e4m3_bits(r, q), mask=is_q)
         if NOPE < MAIN:
             tl.store(
                 bf_ptr + (row + NOPE + 2 * (d - NOPE)) // 2, round_bf16(x).to(tl.bfloat16), mask=d >= NOPE
