@@ -195,34 +195,77 @@ def write_report(name: str, data) -> None:
             f.write(json.dumps({"test": name, **data}) + "\n")
 
 
+def kv_codec(kv_dtype: str, cfg):
+    """Functions that round tensors exactly as the serving pool stores them (write + read back through the
+    pool's byte layout, `reference.kernels_ref`): {"hca": [n, head_dim], "mla": ([n, r], [n, dr]),
+    "idx": [n, index_head_dim]} -> fp32. bf16 KV rounds every value to bf16; fp8_e4m3 KV goes through the
+    fp8 layouts (HCA: SGLang's V4 layout, MLA: FlashMLA's V3.2, indexer: IDX_FP8) with their scales."""
+    from sglang_ernie55.kernels.layout import hca_geometry, idx_geometry, mla_geometry
+
+    from sglang_ernie55.reference import kernels_ref as kref
+
+    def through(geom, x):
+        n = x.shape[0]
+        pool = geom.alloc(-(-max(n, 1) // geom.page_size), device=x.device)
+        slots = torch.arange(n, device=x.device)
+        kref.pool_store(pool, geom, slots, x.float().contiguous())
+        return kref.pool_gather(pool, geom, slots)
+
+    c = cfg
+    g_hca = hca_geometry(kv_dtype, c.head_dim, c.qk_rope_head_dim, 256)
+    g_mla = mla_geometry(kv_dtype, c.kv_lora_rank, c.qk_rope_head_dim, 256)
+    g_idx = idx_geometry(kv_dtype, c.index_head_dim, 256)
+
+    def mla(latent, k_pe):
+        y = through(g_mla, torch.cat([latent.reshape(-1, latent.shape[-1]), k_pe.reshape(-1, k_pe.shape[-1])], -1))
+        return y[:, : latent.shape[-1]].view(latent.shape), y[:, latent.shape[-1] :].view(k_pe.shape)
+
+    return {
+        "hca": lambda x: through(g_hca, x.reshape(-1, x.shape[-1])).view(x.shape),
+        "mla": mla,
+        "idx": lambda x: through(g_idx, x.reshape(-1, x.shape[-1])).view(x.shape),
+    }
+
+
 class kv_rounded_reference:
-    """Context manager: the reference with exactly the tensors the serving pool stores rounded to `dtype`
-    (HCA window kv and compressed entries; MLA latent, k_pe and indexer keys), queries and state in fp32.
+    """Context manager: the reference with exactly the tensors the serving pool stores rounded as the pool
+    stores them (HCA window kv and compressed entries; MLA latent, k_pe and indexer keys), queries and
+    state in fp32. `kv_dtype` "bfloat16" (plain bf16 rounding) or "fp8_e4m3" (the fp8 byte layouts, `cfg`
+    needed for their widths).
 
-    This is the oracle for "bf16 KV": the serving cache holds these values in bf16, and with
-    index_topk < sequence length a rounding-level change of a key can flip a near-tie in the DSA top-k."""
+    This is the oracle for a KV dtype: the serving cache holds these values, and with index_topk < sequence
+    length a rounding-level change of a key can flip a near-tie in the DSA top-k."""
 
-    def __init__(self, dtype=torch.bfloat16):
-        self.dtype = dtype
+    def __init__(self, kv_dtype: str = "bfloat16", cfg=None):
+        if kv_dtype not in ("bfloat16", "fp8_e4m3"):
+            raise ValueError(f"kv_dtype must be bfloat16 or fp8_e4m3, got {kv_dtype!r}")
+        if kv_dtype == "fp8_e4m3" and cfg is None:
+            raise ValueError("fp8_e4m3 rounding needs the model config (layout widths)")
+        self.kv_dtype, self.cfg = kv_dtype, cfg
 
     def __enter__(self):
         from sglang_ernie55.reference import functional as Fn
         from sglang_ernie55.reference import model as M
 
-        rnd = lambda t: t.to(self.dtype).float()  # noqa: E731
+        if self.kv_dtype == "bfloat16":
+            rnd = lambda t: t.to(torch.bfloat16).float()  # noqa: E731
+            codec = {"hca": rnd, "idx": rnd, "mla": lambda a, b: (rnd(a), rnd(b))}
+        else:
+            codec = kv_codec(self.kv_dtype, self.cfg)
         self._saved = (M.HCAAttention.project, M.MLADSAAttention.project, Fn.hca_compress)
         hca_project, mla_project, compress = self._saved
 
         def hca(self_, x, pos):
             q, kv, c, s = hca_project(self_, x, pos)
-            return q, rnd(kv), c, s
+            return q, codec["hca"](kv), c, s
 
         def mla(self_, x, pos):
             q_nope, q_pe, latent, k_pe, q_idx, k_idx, w_idx = mla_project(self_, x, pos)
-            return q_nope, q_pe, rnd(latent), rnd(k_pe), q_idx, rnd(k_idx), w_idx
+            latent, k_pe = codec["mla"](latent, k_pe)
+            return q_nope, q_pe, latent, k_pe, q_idx, codec["idx"](k_idx), w_idx
 
         M.HCAAttention.project, M.MLADSAAttention.project = hca, mla
-        Fn.hca_compress = lambda *a, **k: rnd(compress(*a, **k))
+        Fn.hca_compress = lambda *a, **k: codec["hca"](compress(*a, **k))
         return self
 
     def __exit__(self, *exc):
@@ -230,4 +273,79 @@ class kv_rounded_reference:
         from sglang_ernie55.reference import model as M
 
         M.HCAAttention.project, M.MLADSAAttention.project, Fn.hca_compress = self._saved
+        return False
+
+
+FP8_GROUP = 128
+
+
+def fp8_act_quant(x: torch.Tensor) -> torch.Tensor:
+    """What SGLang's FP8 block Linear does to its input before the GEMM (per_token_group_quant_fp8, JIT
+    kernel `per_token_group_quant.cuh`: groups of 128 along the last dim, amax floored at 1e-10, e4m3
+    value = saturate(x * (448 / amax)), dequant scale = amax * (1/448)), returned dequantised in fp32."""
+    shape = x.shape
+    g = x.float().reshape(-1, shape[-1] // FP8_GROUP, FP8_GROUP)
+    amax = g.abs().amax(-1, keepdim=True).clamp_min(1e-10)
+    q = (g * (448.0 / amax)).clamp(-448.0, 448.0).to(torch.float8_e4m3fn).float()
+    return (q * (amax * (1.0 / 448.0))).reshape(shape)
+
+
+def fp8_served_linears(ref, cfg) -> dict[str, object]:
+    """The reference's Linear modules that the SGLang model serves with SGLang's FP8 block method (and so
+    with dynamic per-token-group FP8 activations), by the model's own policy (layers/linear.py
+    `fp8_block_ok`, TP 1) and its explicit exceptions: grouped `wo_a` and absorbed `kv_b_proj`
+    (dequantised on load), `weights_proj`, routers, `lm_head` and `echo.*` (never FP8), routed experts
+    unless FusedMoE takes them in FP8 (both widths multiples of 128). Checked against the SGLang model's
+    quant methods by tests/serving/test_fp8_oracle_cpu.py."""
+    import torch.nn as nn
+
+    from sglang_ernie55.layers.linear import fp8_block_ok
+
+    never = ("wo_a", "kv_b_proj", "weights_proj", "lm_head")
+    experts_fp8 = cfg.moe_intermediate_size % FP8_GROUP == 0 and cfg.moe_latent_size % FP8_GROUP == 0
+    out = {}
+    for name, m in ref.named_modules():
+        if not isinstance(m, nn.Linear) or name.startswith("echo.") or ".routers." in name:
+            continue
+        if name.rsplit(".", 1)[-1] in never or (".experts." in name and not experts_fp8):
+            continue
+        if fp8_block_ok(m.in_features, m.out_features):
+            out[name] = m
+    return out
+
+
+class fp8_activation_reference:
+    """Context manager: the reference with every FP8-served Linear's input quantised as SGLang quantises it
+    (`fp8_act_quant`); weights are the checkpoint's dequantised FP8 weights already (the loader). This is
+    the oracle for an FP8 checkpoint: same math, rounded where the server rounds."""
+
+    def __init__(self, ref, cfg):
+        self.ids = {id(m) for m in fp8_served_linears(ref, cfg).values()}
+
+    def __enter__(self):
+        import torch.nn.functional as F
+
+        from sglang_ernie55.reference import model as M
+
+        ids = self.ids
+        self._saved = (M.lin, M.SwiGLU.forward)
+        lin, swiglu_fwd = self._saved
+
+        def q_lin(x, layer):
+            return lin(fp8_act_quant(x) if id(layer) in ids else x, layer)
+
+        def q_swiglu(self_, x):
+            g, u, d = self_.gate_proj, self_.up_proj, self_.down_proj
+            if not ({id(g), id(u), id(d)} & ids):
+                return swiglu_fwd(self_, x)
+            h = F.silu(q_lin(x, g)) * q_lin(x, u)
+            return q_lin(h, d)
+
+        M.lin, M.SwiGLU.forward = q_lin, q_swiglu
+        return self
+
+    def __exit__(self, *exc):
+        from sglang_ernie55.reference import model as M
+
+        M.lin, M.SwiGLU.forward = self._saved
         return False

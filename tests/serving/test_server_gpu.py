@@ -1,26 +1,38 @@
 """GPU suite: a real SGLang server (`python -m sglang.launch_server`, what `sglang serve` runs) on tiny
 BF16 / FP8 checkpoints made here, concurrent /v1/completions (temperature 0, logprobs), compared with
-the reference model run on the GPU in fp32 (teacher-forced over the server's own tokens).
+the reference model in fp32 (teacher-forced over the server's own tokens, scored on the host).
 
-Criteria (tolerances stated here):
-- BF16 weights, bf16 KV, fp32 activations (`--dtype float32`): every greedy token is the top-1 of the
-  reference with the cached tensors rounded to bf16 as the pool stores them
-  (`server_harness.kv_rounded_reference`), 32 new tokens per prompt, up to near-ties of TIE_NATS
-  (FusedMoE's Triton kernel computes fp32 inputs in fp16); |logprob error| <= 0.02. Strict counts and
-  the agreement with the unrounded fp32 reference are printed and written to serving-results.jsonl.
-- the same prompts again (radix-cache hits of whole pages) and with decode CUDA graphs: the same
-  criterion; strict identity with the first eager round is reported.
-- FP8 weights + fp8_e4m3 KV (bf16 activations): the first token of every prompt is the reference's
-  top-1 up to a near-tie of 0.05 nats (strict agreement reported), top-1 >= 95% of all positions,
-  mean |logprob error| <= 0.1.
+The oracle rounds exactly where the server rounds, and nowhere else (server_harness):
+- KV: the tensors the pool stores go through the pool's own codec (bf16, or the fp8 byte layouts with
+  their scales: `kv_rounded_reference(kv_dtype)`);
+- FP8 weights: the checkpoint's dequantised weights (the loader), and every Linear that SGLang serves with
+  its FP8 block method gets its input quantised per token and group of 128 as SGLang does
+  (`fp8_activation_reference`; the set of those Linears is checked against the SGLang model on CPU).
+With `--dtype float32` nothing else rounds except FusedMoE's Triton kernel, which computes fp32 inputs in
+fp16; the criteria allow for that with a near-tie margin. The tiny random model amplifies
+perturbations ~9x (docs/checkpoints.md), so bf16 activations (rounded at every op, which no oracle
+here models) are reported against a loose bound only.
+
+| test | weights / activations / KV | criterion |
+| --- | --- | --- |
+| bf16_kv | BF16 / fp32 / bf16 | every greedy token the oracle's top-1 up to a near-tie of TIE_NATS; logprob abs error max <= 0.05, mean <= 0.005; again as whole-page prefix hits |
+| decode_cuda_graphs | same, decode graphs on | same; identity with the eager server reported |
+| bf16_weights_fp8_kv | BF16 / fp32 / fp8_e4m3 | first token = oracle top-1 up to 0.05 nats on every prompt; top-1 >= 95% of positions; mean logprob abs error <= 0.01 |
+| fp8_weights_fp8_kv | FP8 / fp32 / fp8_e4m3 | the same |
+| fp8_production / bf16_activations | FP8 or BF16 / bf16 / fp8 or bf16 | reported; top-1 >= 80% (a broken path scores ~0) |
+
+Two groups can run in parallel on one GPU (each server takes 40% of its memory):
+`-k bf16_kv_group` and `-k fp8_group`. Results: $SERVING_LOG_DIR/serving-results.jsonl.
 """
 
 from __future__ import annotations
 
 import sys
+from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
+import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 import server_harness as sh  # noqa: E402
@@ -68,82 +80,123 @@ def _serve(path, *args, name):
 PROMPTS_HOLDER: dict = {}
 
 
-def test_bf16_weights_bf16_kv_identical_to_reference(ckpts, prompts):
+def _oracle(ref, cfg, kv: str, fp8_weights: bool) -> ExitStack:
+    stack = ExitStack()
+    stack.enter_context(sh.kv_rounded_reference(kv, cfg))
+    if fp8_weights:
+        stack.enter_context(sh.fp8_activation_reference(ref, cfg))
+    return stack
+
+
+def _scored(ckpt, kv, fp8_weights, prompts, *outs):
+    cfg, ref = sh.load_reference(ckpt, REF_DEVICE)
+    with _oracle(ref, cfg, kv, fp8_weights):
+        return [sh.score(ref, prompts, o, REF_DEVICE) for o in outs]
+
+
+def _identical(a, b) -> int:
+    return sum(x["tokens"] == y["tokens"] for x, y in zip(a, b))
+
+
+def _track(name, s, s_again, first, again, t):
+    same = _identical(first, again)
+    print(f"\n[{name}, startup {t:.0f}s] {s.summary()}; mismatches {s.mismatches[:4]}")
+    print(f"[{name}] prefix-hit round identical {same}/{len(first)}; vs oracle {s_again.summary()}")
+    sh.write_report(name, {"summary": s.summary(), "mismatches": s.mismatches, "prefix_hit_identical": same,
+                           "of": len(first), "again": s_again.summary()})  # fmt: skip
+
+
+def _assert_tracks(s, near: float = 0.05, top1: float = 0.95, mean_lp: float = 0.01):
+    firsts = [m for m in s.mismatches if m["pos"] == 0 and m["gap"] > near]
+    assert not firsts, f"first token differs beyond a near-tie of {near} nats: {firsts}"
+    assert s.top1 >= top1 * s.positions, s.summary()
+    assert s.mean_lp_err <= mean_lp, s.summary()
+
+
+# ---------------------------------------------------------------- group 1: bf16 KV, exact up to near-ties
+def test_bf16_kv_group_identical_to_reference(ckpts, prompts):
     PROMPTS_HOLDER["p"] = prompts
     first, again, t = _serve(ckpts["bf16"], "--dtype", "float32", "--kv-cache-dtype", "bfloat16",
                              "--disable-cuda-graph", name="bf16-f32-eager")  # fmt: skip
     _results["eager"] = first
+    s, s_again = _scored(ckpts["bf16"], "bfloat16", False, prompts, first, again)
     _, ref = sh.load_reference(ckpts["bf16"], REF_DEVICE)
     plain = sh.score(ref, prompts, first, REF_DEVICE)
-    with sh.kv_rounded_reference():
-        s = sh.score(ref, prompts, first, REF_DEVICE)
-    print(
-        f"\n[bf16/f32 eager, startup {t:.0f}s] vs bf16-KV reference: {s.summary()}; mismatches {s.mismatches[:5]}"
-    )
-    print(f"[bf16/f32 eager] vs fp32-KV reference: {plain.summary()}")
-    sh.write_report(
-        "bf16_f32_eager",
-        {"summary": s.summary(), "mismatches": s.mismatches, "vs_fp32_kv_reference": plain.summary()},
-    )
-    with sh.kv_rounded_reference():
-        s_again = sh.score(ref, prompts, again, REF_DEVICE)
-    same = sum(a["tokens"] == b["tokens"] for a, b in zip(first, again))
-    print(
-        f"[bf16/f32 eager] prefix-hit round identical {same}/{len(first)}; vs reference {s_again.summary()}"
-    )
-    sh.write_report(
-        "bf16_f32_eager_prefix_hits", {"identical": same, "of": len(first), "summary": s_again.summary()}
-    )
+    print(f"[bf16/f32 eager] vs the unrounded fp32-KV reference: {plain.summary()}")
+    _track("bf16_f32_eager", s, s_again, first, again, t)
     assert all(len(o["tokens"]) == NEW_TOKENS for o in first)
-    assert s.worst_gap <= TIE_NATS, s.mismatches
-    assert s_again.worst_gap <= TIE_NATS, s_again.mismatches
-    assert s.max_lp_err <= 0.02
+    for sc in (s, s_again):
+        assert sc.worst_gap <= TIE_NATS, sc.mismatches
+        assert sc.max_lp_err <= 0.05 and sc.mean_lp_err <= 0.005, sc.summary()
 
 
-def test_fp8_weights_fp8_kv_track_reference(ckpts, prompts):
-    PROMPTS_HOLDER["p"] = prompts
-    first, again, t = _serve(
-        ckpts["fp8"], "--kv-cache-dtype", "fp8_e4m3", "--disable-cuda-graph", name="fp8-eager"
-    )
-    _, ref = sh.load_reference(ckpts["fp8"], REF_DEVICE)
-    s = sh.score(ref, prompts, first, REF_DEVICE)
-    print(f"\n[fp8/fp8-kv eager, startup {t:.0f}s] {s.summary()}; mismatches {s.mismatches[:5]}")
-    sh.write_report("fp8_eager", {"summary": s.summary(), "mismatches": s.mismatches})
-    same = sum(a["tokens"] == b["tokens"] for a, b in zip(first, again))
-    print(f"[fp8/fp8-kv eager] prefix-hit round identical {same}/{len(first)}")
-    firsts = [m for m in s.mismatches if m["pos"] == 0 and m["gap"] > 0.05]
-    assert not firsts, f"first token differs beyond a near-tie: {firsts}"
-    assert s.top1 >= 0.95 * s.positions
-    assert s.mean_lp_err <= 0.1
-
-
-def test_decode_cuda_graphs_identical(ckpts, prompts):
+def test_bf16_kv_group_decode_cuda_graphs(ckpts, prompts):
     PROMPTS_HOLDER["p"] = prompts
     first, again, t = _serve(ckpts["bf16"], "--dtype", "float32", "--kv-cache-dtype", "bfloat16",
                              "--cuda-graph-max-bs-decode", "16", name="bf16-f32-graph")  # fmt: skip
     eager = _results.get("eager")
-    same = [a["tokens"] == b["tokens"] for a, b in zip(first, eager)] if eager else []
-    _, ref = sh.load_reference(ckpts["bf16"], REF_DEVICE)
-    with sh.kv_rounded_reference():
-        s = sh.score(ref, prompts, first, REF_DEVICE)
-        s_again = sh.score(ref, prompts, again, REF_DEVICE)
-    print(f"\n[bf16/f32 decode graphs, startup {t:.0f}s] identical to eager: {sum(same)}/{len(same)}; "
-          f"vs reference {s.summary()}; prefix-hit round {s_again.summary()}")  # fmt: skip
-    sh.write_report("bf16_f32_graph", {"identical": sum(same), "of": len(same), "summary": s.summary(),
-                                       "again": s_again.summary(), "mismatches": s.mismatches})  # fmt: skip
-    assert s.worst_gap <= TIE_NATS, s.mismatches
-    assert s_again.worst_gap <= TIE_NATS, s_again.mismatches
+    s, s_again = _scored(ckpts["bf16"], "bfloat16", False, prompts, first, again)
+    _track("bf16_f32_graph", s, s_again, first, again, t)
+    if eager:
+        same = _identical(first, eager)
+        print(f"[bf16/f32 decode graphs] identical to the eager server: {same}/{len(eager)}")
+        sh.write_report("bf16_f32_graph_vs_eager", {"identical": same, "of": len(eager)})
+    for sc in (s, s_again):
+        assert sc.worst_gap <= TIE_NATS, sc.mismatches
+        assert sc.max_lp_err <= 0.05 and sc.mean_lp_err <= 0.005, sc.summary()
 
 
-def test_bf16_activations_track_reference(ckpts, prompts):
-    """BF16 weights, bf16 KV, bf16 activations (the serving default dtype): agreement stated, not exact."""
+def test_bf16_kv_group_bf16_activations(ckpts, prompts):
+    """BF16 weights, bf16 KV, bf16 activations (the serving default dtype): reported, loose bound."""
     PROMPTS_HOLDER["p"] = prompts
-    first, _, t = _serve(
-        ckpts["bf16"], "--kv-cache-dtype", "bfloat16", "--disable-cuda-graph", name="bf16-eager"
-    )
-    _, ref = sh.load_reference(ckpts["bf16"], REF_DEVICE)
-    s = sh.score(ref, prompts, first, REF_DEVICE)
-    print(f"\n[bf16/bf16 eager, startup {t:.0f}s] {s.summary()}")
-    sh.write_report("bf16_bf16_eager", {"summary": s.summary(), "mismatches": s.mismatches})
-    assert s.top1 >= 0.95 * s.positions
-    assert s.near_top1 == s.positions
+    first, again, t = _serve(ckpts["bf16"], "--kv-cache-dtype", "bfloat16", "--disable-cuda-graph",
+                             name="bf16-bf16-eager")  # fmt: skip
+    s, s_again = _scored(ckpts["bf16"], "bfloat16", False, prompts, first, again)
+    _track("bf16_bf16_eager", s, s_again, first, again, t)
+    assert s.top1 >= 0.8 * s.positions, s.summary()
+
+
+# ---------------------------------------------------------------- group 2: fp8 KV and FP8 weights
+def test_fp8_group_act_quant_equals_sglang_cuda_kernel():
+    """The oracle's activation quantisation is SGLang's CUDA per-token-group FP8 kernel, bit for bit."""
+    from sglang.kernels.ops.quantization.fp8_kernel import per_token_group_quant_fp8
+
+    g = torch.Generator().manual_seed(0)
+    for dtype in (torch.float32, torch.bfloat16):
+        x = (torch.randn(300, 512, generator=g) * torch.logspace(-3, 2, 512)).to(dtype)
+        x[7] = 0
+        q, sc = per_token_group_quant_fp8(x.cuda().contiguous(), 128, column_major_scales=False)
+        got = (q.float().view(300, 4, 128) * sc.float().view(300, 4, 1)).view(300, 512).cpu()
+        want = sh.fp8_act_quant(x)
+        diff = (got != want).float().mean().item()
+        print(f"\n[fp8 act quant {dtype}] codes differing from SGLang's CUDA kernel: {diff:.2e}")
+        assert diff <= 1e-4, diff
+
+
+def test_fp8_group_bf16_weights_fp8_kv(ckpts, prompts):
+    PROMPTS_HOLDER["p"] = prompts
+    first, again, t = _serve(ckpts["bf16"], "--dtype", "float32", "--kv-cache-dtype", "fp8_e4m3",
+                             "--disable-cuda-graph", name="bf16-f32-fp8kv")  # fmt: skip
+    s, s_again = _scored(ckpts["bf16"], "fp8_e4m3", False, prompts, first, again)
+    _track("bf16_f32_fp8kv", s, s_again, first, again, t)
+    _assert_tracks(s)
+    _assert_tracks(s_again)
+
+
+def test_fp8_group_fp8_weights_fp8_kv(ckpts, prompts):
+    PROMPTS_HOLDER["p"] = prompts
+    first, again, t = _serve(ckpts["fp8"], "--dtype", "float32", "--kv-cache-dtype", "fp8_e4m3",
+                             "--fp8-gemm-backend", "triton", "--disable-cuda-graph", name="fp8-f32-fp8kv")  # fmt: skip
+    s, s_again = _scored(ckpts["fp8"], "fp8_e4m3", True, prompts, first, again)
+    _track("fp8_f32_fp8kv", s, s_again, first, again, t)
+    _assert_tracks(s)
+    _assert_tracks(s_again)
+
+
+def test_fp8_group_production_dtypes(ckpts, prompts):
+    """FP8 weights, fp8 KV, bf16 activations, decode CUDA graphs: what `sglang serve` runs by default."""
+    PROMPTS_HOLDER["p"] = prompts
+    first, again, t = _serve(ckpts["fp8"], "--cuda-graph-max-bs-decode", "16", name="fp8-default")
+    s, s_again = _scored(ckpts["fp8"], "fp8_e4m3", True, prompts, first, again)
+    _track("fp8_default", s, s_again, first, again, t)
+    assert s.top1 >= 0.8 * s.positions, s.summary()
