@@ -113,11 +113,17 @@ CONFIGS = [  # (block_h, block_n, num_warps, num_stages)
     (64, 64, 16, 1),
     (64, 128, 16, 1),
 ]
+# --sweep: the wider search (fewer heads per program = fewer accumulator registers per thread; the head
+# blocks of one token launch next to each other, so their shared keys come from L2)
+WIDE_CONFIGS = CONFIGS[:2] + [
+    (32, 32, 4, 1), (32, 64, 4, 1), (32, 32, 8, 1), (32, 64, 8, 1), (32, 64, 8, 2), (32, 128, 8, 1),
+    (16, 64, 4, 1), (16, 64, 4, 2), (16, 128, 4, 1), (16, 32, 2, 1),
+]  # fmt: skip
 
 
-def sweep(name, run):
+def sweep(name, run, configs=None):
     best = None
-    for c in CONFIGS:
+    for c in configs or CONFIGS:
         try:
             ms = bench(lambda c=c: run(c))
         except Exception as e:  # noqa: BLE001
@@ -136,10 +142,26 @@ def sweep(name, run):
     return best[1]
 
 
+def wide_sweep(kv: str, fm: bool) -> None:
+    hq, hmain, hextra, hsink, nb = hca_inputs(kv, 64, 128 * 1024)
+    sweep(f"hca {kv} b64 128K ({nb / 1e6:.0f} MB)", lambda c: sparse_mqa_attention(
+        hq, hmain, hextra, sm_scale=512**-0.5, d_v=512, sink=hsink, **kw(c)), WIDE_CONFIGS)  # fmt: skip
+    if fm and kv == "fp8":
+        us = bench(lambda: flashmla_sparse_attention(hq, hmain, hextra, sm_scale=512**-0.5, d_v=512, sink=hsink))
+        print(f"  hca fp8 b64 128K FlashMLA: {us * 1e3:.1f} us")
+    hq = hmain = hextra = None
+    mq, msc, nb = mla_inputs(kv, 64)
+    sweep(f"mla {kv} b64 ({nb / 1e6:.0f} MB)", lambda c: sparse_mqa_attention(
+        mq, msc, sm_scale=192**-0.5, d_v=512, **kw(c)), WIDE_CONFIGS)  # fmt: skip
+    if fm and kv == "fp8":
+        print(f"  mla fp8 b64 FlashMLA: {bench(lambda: flashmla_sparse_attention(mq, msc, sm_scale=192**-0.5, d_v=512)) * 1e3:.1f} us")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--sweep", action="store_true", help="only the wide config sweep at batch 64 (fp8 and bf16)")
     args = ap.parse_args()
     torch.manual_seed(0)
     props = torch.cuda.get_device_properties(0)
@@ -157,6 +179,10 @@ def main():
 
     rows = _Rows()
 
+    if args.sweep:
+        for kv in ("fp8", "bf16"):
+            wide_sweep(kv, fm)
+        return
     # --- config sweep on the 128K shapes
     hq, hmain, hextra, hsink, _ = hca_inputs("fp8", 64, 128 * 1024)
     hcfg = sweep("hca fp8 b64 128K", lambda c: sparse_mqa_attention(

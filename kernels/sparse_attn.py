@@ -146,7 +146,7 @@ def sparse_mqa_attention(
     common = dict(HAS_B=extra is not None, HAS_LA=main.lengths is not None,
                   HAS_LB=extra is not None and extra.lengths is not None, HAS_SINK=sink is not None,
                   SINGLE=single, BH=bh, BN=block_n, DT=dot_dtype(), num_warps=nw, num_stages=num_stages)  # fmt: skip
-    LAST_COMPILED["split"] = sparse_attn_split_kernel[(T, n_hb, num_splits)](
+    LAST_COMPILED["split"] = sparse_attn_split_kernel[(n_hb, T, num_splits)](
         q, q.stride(0), q.stride(1), H, chunk,
         main.indices, main.indices.stride(0), main.lengths if main.lengths is not None else dummy_len, KA,
         *ua, a.page_size, a.page_bytes, a.data_stride, a.scale_base, a.scale_stride,

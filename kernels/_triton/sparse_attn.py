@@ -1,7 +1,8 @@
 """Triton bodies of kernels/sparse_attn.py: gather + dequant + one-softmax MQA over up to two paged
 scopes (main, extra), split over keys, then a combine pass that adds the per-head sink.
 
-Grid of the split kernel: (query token t, head block, key split). The keys of query t are the
+Grid of the split kernel: (head block, query token t, key split); head blocks fastest, so the
+programs that read the same keys run together. The keys of query t are the
 virtual concatenation [main[0:len_a] | extra[0:len_b]]; split s covers [s * chunk, (s + 1) * chunk).
 Softmax in base 2: logits are multiplied by scale * log2(e). ``DT`` is the dot operand dtype: bf16 on
 GPUs, fp32 under TRITON_INTERPRET=1 (the CPU interpreter's bf16 dot is wrong in Triton 3.8).
@@ -66,8 +67,8 @@ def sparse_attn_split_kernel(
     HAS_B: tl.constexpr, HAS_LA: tl.constexpr, HAS_LB: tl.constexpr, HAS_SINK: tl.constexpr,
     SINGLE: tl.constexpr, BH: tl.constexpr, BN: tl.constexpr, DT: tl.constexpr,
 ):  # fmt: skip
-    t = tl.program_id(0).to(tl.int64)
-    hb = tl.program_id(1)
+    hb = tl.program_id(0)  # head blocks of one query token launch next to each other (its keys stay in L2)
+    t = tl.program_id(1).to(tl.int64)
     sp = tl.program_id(2)
     LOG2E: tl.constexpr = 1.4426950408889634
     qk_scale = sm_scale * LOG2E
