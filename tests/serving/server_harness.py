@@ -25,6 +25,12 @@ import torch
 PROMPT_LENGTHS = (1, 19, 127, 128, 129, 255, 256, 257, 383, 513, 1000, 2100)
 
 
+def mem_fraction(default: str) -> str:
+    """`--mem-fraction-static` for a test server: SERVING_MEM_FRACTION overrides the test's default (the
+    device scripts run several servers on one GPU at once and split its memory)."""
+    return os.environ.get("SERVING_MEM_FRACTION", default)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

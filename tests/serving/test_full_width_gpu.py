@@ -57,7 +57,7 @@ def test_full_width_fp8_baseline(tmp_path):
     make_s = time.time() - t0
     server = sh.Server(path, "--kv-cache-dtype", "fp8_e4m3", "--context-length", str(CTX),
                        "--max-running-requests", "64", "--cuda-graph-max-bs-decode", "64",
-                       "--chunked-prefill-size", "8192", "--mem-fraction-static", "0.85",
+                       "--chunked-prefill-size", "8192", "--mem-fraction-static", sh.mem_fraction("0.85"),
                        "--disable-prefill-cuda-graph", "--sampling-backend", "pytorch",
                        log_name="full-width-fp8", timeout=1200)  # fmt: skip
     try:
@@ -69,13 +69,17 @@ def test_full_width_fp8_baseline(tmp_path):
             ids[0] = 1
             return ids
 
+        sh.write_report("full_width_fp8_progress", {"make_checkpoint_s": round(make_s, 1),
+                                                    "server_startup_s": round(server.startup_s, 1)})  # fmt: skip
         _stream(server, prompt(64), 8)  # warm-up (Triton autotune / JIT)
         b1 = _stream(server, prompt(128), DECODE_TOKENS)
+        sh.write_report("full_width_fp8_progress", {"bs1": b1})  # a run cut short still reports
         prompts = [prompt(128) for _ in range(64)]
         t = time.perf_counter()
         with ThreadPoolExecutor(64) as ex:
             b64 = list(ex.map(lambda p: _stream(server, p, DECODE_TOKENS), prompts))
         b64_wall = time.perf_counter() - t
+        sh.write_report("full_width_fp8_progress", {"bs64_wall_s": b64_wall, "bs64_tokens": sum(r["tokens"] for r in b64)})
         long = _stream(server, prompt(32768), 1)
     finally:
         server.stop()

@@ -46,7 +46,7 @@ REF_DEVICE = "cpu"
 TIE_NATS = 0.01
 COMMON = ("--context-length", "4096", "--max-running-requests", "32", "--chunked-prefill-size", "512",
           "--max-total-tokens", "131072", "--sampling-backend", "pytorch", "--disable-prefill-cuda-graph",
-          "--mem-fraction-static", "0.4")  # fmt: skip
+          "--mem-fraction-static", sh.mem_fraction("0.4"))  # fmt: skip
 _results: dict[str, list] = {}
 
 
