@@ -156,6 +156,18 @@ class Ernie55Config(PretrainedConfig):
     def mla_dsa_layer_ids(self) -> list[int]:
         return [i for i, t in enumerate(self.layer_types) if t == LAYER_MLA_DSA]
 
+    # SGLang's hybrid-SWA opt-in (sglang/srt/configs/model_config.py `is_hybrid_swa_model` and the generic
+    # `hybrid_layer_pattern` branch of `get_hybrid_layer_ids`): the HCA layers' raw window lives in SGLang's
+    # SWA pool (1 = SWA layer), MLA-DSA layers keep every token in the full pool (0). Derived from
+    # `layer_types`, never stored in config.json. `--disable-hybrid-swa-memory` turns the SWA pool off.
+    @property
+    def is_hybrid_swa(self) -> bool:
+        return LAYER_HCA in self.layer_types
+
+    @property
+    def hybrid_layer_pattern(self) -> list[int]:
+        return [1 if t == LAYER_HCA else 0 for t in self.layer_types]
+
     @property
     def qk_head_dim(self) -> int:
         """MLA query/key width per head: nope + rope."""

@@ -8,6 +8,10 @@ top-`index_topk` keys of the lightning indexer (ties to the earlier position).
 
 Per-layer inputs come from the model through `RadixAttention(**kwargs)` (see
 sglang_ernie55.layers.attention). Helper-4's Triton kernels replace `_hca_*` / `_mla_*` in stage 2.
+
+Window addressing: every HCA window row is read and written at `pool.window_loc(full_loc)` (the SWA slot
+of SGLang's hybrid allocator, identity without an SWA pool); compressed entries, MLA latents, indexer keys
+and the open-block state keep full-pool / request addressing.
 """
 
 from __future__ import annotations
@@ -122,7 +126,7 @@ class Ernie55AttnBackend(AttentionBackend):
         pool, lid, ratio, W = self.pool, layer.layer_id, self.ratio, self.W
         win, cmp, state = pool.win[lid], pool.cmp[lid], pool.state[lid]
         loc = fb.out_cache_loc
-        win.write(loc, kv)
+        win.write(pool.window_loc(loc), kv)
         out = torch.empty(q.shape[0], q.shape[1], q.shape[2], dtype=torch.float32, device=q.device)
         m, off = self.meta, 0
         for req, P, E in zip(m.req, m.prefix, m.extend):
@@ -140,7 +144,7 @@ class Ernie55AttnBackend(AttentionBackend):
                 state[req, :tail] = rows[rows.shape[0] - tail :]
             # 2. attention: raw window keys (from max(0, P-W+1)) + every complete block's entry
             ks = max(0, P - W + 1)
-            keys_raw = win.read(self.req_to_token[req, ks:L])
+            keys_raw = win.read(pool.window_loc(self.req_to_token[req, ks:L]))
             kpos = torch.arange(ks, L, device=q.device)
             nb = L // ratio
             keys_cmp = cmp.read(self._cmp_slots(torch.full((nb,), req, device=q.device),
@@ -149,7 +153,8 @@ class Ernie55AttnBackend(AttentionBackend):
             if self.hca_triton:
                 qpos = torch.arange(P, L, device=q.device)
                 wpos = qpos[:, None] - (W - 1) + torch.arange(W, device=q.device)
-                widx = torch.where(wpos >= 0, self.req_to_token[req, wpos.clamp(min=0)].long(), -1)
+                wslot = pool.window_loc(self.req_to_token[req, wpos.clamp(min=0)]).long()
+                widx = torch.where(wpos >= 0, wslot, -1)
                 cslots = self._cmp_slots(
                     torch.full((nb,), req, device=q.device), torch.arange(nb, device=q.device)
                 )
@@ -185,7 +190,7 @@ class Ernie55AttnBackend(AttentionBackend):
         B, dev = q.shape[0], q.device
         pos = L - 1
         valid = loc >= self.page_size  # padded graph rows write to SGLang's padding page / our scratch rows
-        win.write(loc, kv)
+        win.write(pool.window_loc(loc), kv)  # full slot 0 (padding) -> SWA slot 0 (padding)
         slot = torch.where(valid, req, torch.full_like(req, pool.state_scratch))
         row = pos % ratio
         state[slot, row] = cs
@@ -198,7 +203,8 @@ class Ernie55AttnBackend(AttentionBackend):
         # keys: window (W positions ending at pos) + compressed entries j < L // ratio
         wpos = pos[:, None] - (W - 1) + torch.arange(W, device=dev)
         wmask = wpos >= 0
-        keys_w = win.read(self.req_to_token[req[:, None], wpos.clamp(min=0)])
+        wslots = pool.window_loc(self.req_to_token[req[:, None], wpos.clamp(min=0)])
+        keys_w = win.read(wslots)
         nb_max = self.meta.width // ratio
         j = torch.arange(nb_max, device=dev)
         cmask = j[None, :] < torch.div(L, ratio, rounding_mode="floor")[:, None]
@@ -207,7 +213,7 @@ class Ernie55AttnBackend(AttentionBackend):
         )
         keys_c = cmp.read(torch.where(cmask, cl, torch.full_like(cl, pool.cmp_scratch)))
         if self.hca_triton:
-            widx = torch.where(wmask, self.req_to_token[req[:, None], wpos.clamp(min=0)].long(), -1)
+            widx = torch.where(wmask, wslots.long(), -1)
             return self._hca_kernel(q, win, cmp, widx, torch.where(cmask, cl.long(), -1), sink, layer.scaling)
         keys = torch.cat([keys_w, keys_c], 1)
         mask = torch.cat([wmask, cmask], 1)

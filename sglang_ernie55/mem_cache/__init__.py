@@ -6,7 +6,9 @@ every architecture other than ERNIE-5.5:
 - `sglang.srt.model_executor.pool_configurator.create_memory_pool_configurator`: size the pool with
   `Ernie55PoolConfigurator` (our bytes per token and the fixed open-block state);
 - `sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator._build_token_to_kv_pool`: build
-  `Ernie55TokenToKVPool` (SGLang's paged allocator and radix cache are kept unchanged).
+  `Ernie55TokenToKVPool` with the SWA pool size when SGLang runs the model as hybrid SWA (the config's
+  `is_hybrid_swa` opt-in); SGLang then builds its own `SWATokenToKVPoolAllocator` and SWA radix cache
+  around it (without `--disable-hybrid-swa-memory`), or its paged allocator and plain radix cache.
 """
 
 from __future__ import annotations
@@ -40,6 +42,12 @@ def _around_build_pool(original, self, *args, sizes, req_to_token_pool, **kwargs
 
     if self.is_draft_worker:
         raise NotImplementedError("sglang-ernie55: the ECHO draft's KV pool is a later stage")
+    hybrid = bool(self.is_hybrid_swa)
+    if hybrid and sizes.full_max_total_num_tokens != sizes.max_total_num_tokens:
+        raise ValueError(
+            f"ERNIE-5.5 pool: full_max_total_num_tokens {sizes.full_max_total_num_tokens} != "
+            f"max_total_num_tokens {sizes.max_total_num_tokens} (Ernie55PoolConfigurator sets both)"
+        )
     return Ernie55TokenToKVPool(
         sizes.max_total_num_tokens,
         page_size=self.pool_page_size,
@@ -48,6 +56,7 @@ def _around_build_pool(original, self, *args, sizes, req_to_token_pool, **kwargs
         num_req_slots=req_to_token_pool.req_to_token.shape[0],
         device=self.device,
         enable_memory_saver=get_exec().features.enable_memory_saver,
+        swa_size=sizes.swa_max_total_num_tokens if hybrid else None,
     )
 
 

@@ -1,9 +1,16 @@
 """`Ernie55TokenToKVPool`: the KV pool of ERNIE-5.5 (docs/serving-design.md section 4).
 
-Per HCA layer: window kv rows at the full-pool slot `loc`, compressed entries at `loc // ratio`
-(two per 256-token page, plus one scratch row), and the request-scoped open-block state
-`[req slot (+1 scratch), ratio, 2 * head_dim]` fp32. Per MLA-DSA layer: `[latent | k_pe]` and the
-indexer key at `loc`. Row 0 .. page_size-1 of every token-addressed buffer is SGLang's padding page.
+A hybrid pool in SGLang's sense (`BaseSWAKVPool`): SGLang's `SWATokenToKVPoolAllocator` hands out a
+full-pool slot `loc` and an SWA slot per token and registers its `full_to_swa_index_mapping` here.
+
+Per HCA layer: window kv rows at the SWA slot `window_loc(loc)` (`swa_size + page_size` rows), compressed
+entries at `loc // ratio` (two per 256-token page, plus one scratch row), and the request-scoped open-block
+state `[req slot (+1 scratch), ratio, 2 * head_dim]` fp32. Per MLA-DSA layer: `[latent | k_pe]` and the
+indexer key at `loc`. Row 0 .. page_size-1 of every token-addressed buffer is SGLang's padding page (the
+SWA side too: padded CUDA-graph rows write full slot 0, which maps to SWA slot 0).
+
+Without an SWA pool (`swa_size=None`: `--disable-hybrid-swa-memory`, or a pool built outside SGLang's
+hybrid path) the window rows sit at the full slot (`window_loc` is the identity, `size + page_size` rows).
 
 KV dtypes `bfloat16` and `fp8_e4m3`: every buffer is a paged uint8 pool in the byte layout of
 `sglang_ernie55.kernels.layout` (HCA_FP8 = SGLang's V4 layout, MLA_FP8 = FlashMLA's V3.2 layout,
@@ -13,12 +20,17 @@ kernels (`PackedRows`), so the Triton kernels can take over reads and writes wit
 
 from __future__ import annotations
 
+import logging
+
 import torch
-from sglang.srt.mem_cache.memory_pool import KVCache
+from sglang.srt.mem_cache.base_swa_memory_pool import BaseSWAKVPool
 
 from ..configuration import LAYER_HCA
 from ..kernels.layout import KVLayout, hca_geometry, idx_geometry, mla_geometry
 from ..reference import kernels_ref as kref
+
+logger = logging.getLogger(__name__)
+POOL_LOG = "ERNIE-5.5 KV pool:"
 
 
 def is_fp8(dtype: torch.dtype) -> bool:
@@ -94,13 +106,88 @@ class OwnRowsKVSurface:
     def set_kv_buffer(self, layer, loc, cache_k, cache_v, *args, **kwargs) -> None:
         self._unsupported("set_kv_buffer")
 
+    def get_state_buf_infos(self):
+        self._unsupported("get_state_buf_infos (PD state transfer)")
 
-class Ernie55TokenToKVPool(OwnRowsKVSurface, KVCache):
-    """Hybrid HCA / MLA-DSA pool addressed by SGLang's full-pool slots (stage 1: window kept per token)."""
+
+class SWAWindowAddressing:
+    """Window rows addressed by SGLang's SWA slots: ONE translation, `window_loc`, for every window read
+    and write (the target's HCA window rows, the ECHO draft's rows).
+
+    In hybrid mode SGLang's `SWATokenToKVPoolAllocator` allocates an SWA slot for every full slot it hands
+    out (page by page, in step with the full allocator: a full slot and its SWA slot share the offset in
+    their 256-token pages) and frees the SWA slots of tokens that left the window; it registers
+    `full_to_swa_index_mapping` [full size + page_size + 1] int64 with the pool (`register_mapping`): a
+    freed or never-windowed slot maps to 0 (the SWA padding page), the trailing entry is -1, so -1 (FlashMLA's
+    "no key") maps to -1. Without an SWA pool every translation is the identity."""
+
+    full_to_swa_index_mapping: torch.Tensor | None = None
+
+    def _init_window_addressing(self, full_size: int, page_size: int, swa_size: int | None) -> int:
+        """Returns the number of window rows to allocate (+ the padding page)."""
+        if swa_size is not None and (swa_size <= 0 or swa_size % page_size):
+            raise ValueError(f"swa_size must be a positive multiple of page_size {page_size}, got {swa_size}")
+        self.is_hybrid_swa = swa_size is not None
+        self.swa_size = swa_size if swa_size is not None else full_size
+        self.full_to_swa_index_mapping = None
+        return self.swa_size + page_size
+
+    def register_mapping(self, full_to_swa_index_mapping: torch.Tensor) -> None:
+        """Called by SGLang's SWA allocator (target pool) or KVCacheConfigurator (draft pool, the target
+        allocator's mapping): the tensor is kept by reference, the allocator updates it in place."""
+        m = full_to_swa_index_mapping
+        want = self.size + self.page_size + 1
+        if not self.is_hybrid_swa:
+            raise ValueError(
+                f"{type(self).__name__} was built without an SWA pool (swa_size=None) but SGLang registered a "
+                "full->SWA mapping: the pool hook must pass sizes.swa_max_total_num_tokens in hybrid mode"
+            )
+        if m.dim() != 1 or m.numel() != want or m.dtype != torch.int64:
+            raise ValueError(
+                f"full_to_swa_index_mapping must be int64 [full size + page_size + 1] = [{want}], "
+                f"got {m.dtype} {list(m.shape)}"
+            )
+        self.full_to_swa_index_mapping = m
+
+    def window_loc(self, full_loc: torch.Tensor) -> torch.Tensor:
+        """Full-pool slots (any shape; -1 = no key) -> window-row slots: the SWA slot in hybrid mode
+        (a gather from the registered mapping: fixed shape, no host sync, CUDA-graph safe), else the same
+        slots."""
+        if not self.is_hybrid_swa:
+            return full_loc
+        m = self.full_to_swa_index_mapping
+        if m is None:
+            raise RuntimeError(
+                f"{type(self).__name__}: the SWA pool has no full->SWA mapping yet (SGLang's "
+                "SWATokenToKVPoolAllocator registers it when it is built)"
+            )
+        return m[full_loc.long()]
+
+    def translate_loc_from_full_to_swa(self, kv_indices: torch.Tensor) -> torch.Tensor:
+        """SGLang's name for `window_loc` (BaseSWAKVPool)."""
+        return self.window_loc(kv_indices)
+
+    def window_pages(self, full_pages: torch.Tensor) -> torch.Tensor:
+        """Full-pool page ids (any shape; negative = none, kept) -> the window pool's page ids, for
+        kernels that build window slots as `page * page_size + pos % page_size` (kernels/hca_meta.py).
+        Exact because SGLang's SWA allocator keeps offsets: `window_loc(f) == window_pages(f // P) * P
+        + f % P` for every live full slot f (tests/serving/test_pool_cpu.py checks it on the real
+        allocator). A page whose window rows were freed maps to page 0 (the padding page)."""
+        if not self.is_hybrid_swa:
+            return full_pages
+        fp = full_pages.long()
+        first = self.window_loc(fp.clamp_min(0) * self.page_size)
+        swa = torch.div(first, self.page_size, rounding_mode="floor")
+        return torch.where(fp >= 0, swa, fp).to(full_pages.dtype)
+
+
+class Ernie55TokenToKVPool(SWAWindowAddressing, OwnRowsKVSurface, BaseSWAKVPool):
+    """Hybrid HCA / MLA-DSA pool: full-pool slots for compressed entries, MLA latents and indexer keys; SWA
+    slots (`window_loc`) for the HCA window rows."""
 
     def __init__(self, size: int, page_size: int, dtype: torch.dtype, config, num_req_slots: int, device: str,
                  enable_memory_saver: bool = False, start_layer: int | None = None,
-                 end_layer: int | None = None) -> None:  # fmt: skip
+                 end_layer: int | None = None, swa_size: int | None = None) -> None:  # fmt: skip
         super().__init__(size, page_size, dtype, config.num_hidden_layers, device, enable_memory_saver,
                          start_layer, end_layer)  # fmt: skip
         c = config
@@ -112,6 +199,7 @@ class Ernie55TokenToKVPool(OwnRowsKVSurface, KVCache):
         self.config, self.fp8, self.kv_dtype, self.dense = config, fp8, kv, dense
         self.ratio, self.window = c.compress_ratio, c.window_size
         self.token_rows = size + page_size
+        self.window_rows = self._init_window_addressing(size, page_size, swa_size)
         cmp_page = page_size // self.ratio
         # + one scratch entry (padded CUDA-graph rows write there), rounded up to whole compressed pages
         self.cmp_rows = -(-(self.token_rows // self.ratio + 1) // cmp_page) * cmp_page
@@ -127,10 +215,10 @@ class Ernie55TokenToKVPool(OwnRowsKVSurface, KVCache):
         for lid, kind in enumerate(c.layer_types):
             if kind == LAYER_HCA:
                 if dense:
-                    self.win[lid] = DenseRows(self.token_rows, D, device)
+                    self.win[lid] = DenseRows(self.window_rows, D, device)
                     self.cmp[lid] = DenseRows(self.cmp_rows, D, device)
                 else:
-                    self.win[lid] = PackedRows(hca_geometry(kv, D, r, page_size), self.token_rows, device)
+                    self.win[lid] = PackedRows(hca_geometry(kv, D, r, page_size), self.window_rows, device)
                     self.cmp[lid] = PackedRows(hca_geometry(kv, D, r, cmp_page), self.cmp_rows, device)
                 self.state[lid] = torch.zeros(num_req_slots + 1, self.ratio, 2 * D, dtype=torch.float32,
                                               device=device)  # fmt: skip
@@ -141,6 +229,11 @@ class Ernie55TokenToKVPool(OwnRowsKVSurface, KVCache):
                 self.latent[lid] = PackedRows(mla_geometry(kv, R, r, page_size), self.token_rows, device)
                 self.index_k[lid] = PackedRows(idx_geometry(kv, dI, page_size), self.token_rows, device)
         self._finalize_allocation_log(size)
+        logger.info(
+            f"{POOL_LOG} full_tokens={size} swa_tokens={self.swa_size if self.is_hybrid_swa else None} "
+            f"window_rows={self.window_rows} hca_layers={len(self.win)} mla_layers={len(self.latent)} "
+            f"kv={kv if not dense else 'float32'} bytes={self.get_kv_size_bytes()}"
+        )
 
     # ------------------------------------------------------------------ SGLang KVCache surface
     def _all_buffers(self) -> list[torch.Tensor]:

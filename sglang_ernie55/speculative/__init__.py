@@ -104,6 +104,8 @@ def around_build_token_to_kv_pool(original, self, *args, sizes, req_to_token_poo
         config=self.model_config.hf_config,
         device=self.device,
         enable_memory_saver=get_exec().features.enable_memory_saver,
+        # hybrid SWA: rows at the target allocator's SWA slots (SGLang registers its mapping with this pool)
+        swa_size=sizes.swa_max_total_num_tokens if self.is_hybrid_swa else None,
     )
 
 

@@ -1,9 +1,9 @@
 """Attention backends of the ECHO draft: window-only attention over `EchoDraftKVPool` (torch, stage 1).
 
 Every draft query at position p reads the draft's own rows at positions max(0, p-W+1) .. p of its
-request (`req_to_token[req, pos]`: SGLang's EAGLE v2 has already placed every position of the
-iteration's verify window in `req_to_token`, so draft-extend, chained draft decode and the rows they
-write are all addressed the same way). An HCA last layer adds the per-head sink (its K = V rows carry
+request (`pool.window_loc(req_to_token[req, pos])`, the SWA slot in hybrid mode: SGLang's EAGLE v2 has
+already placed every position of the iteration's verify window in `req_to_token`, so draft-extend,
+chained draft decode and the rows they write are all addressed the same way). An HCA last layer adds the per-head sink (its K = V rows carry
 no compressed entries); an MLA-DSA last layer runs plain absorbed MLA over the window (no indexer).
 
 Each row gathers exactly W keys: one fixed-shape program per token count, so SGLang's draft-decode
@@ -88,12 +88,12 @@ class EchoDraftAttnBackend(AttentionBackend):
     def _window_attention(self, q, k, layer, fb, kw):
         rows = self.pool.check_layer(layer.layer_id)
         k = k.reshape(k.shape[0], -1)
-        rows.write(fb.out_cache_loc, k)
+        rows.write(self.pool.window_loc(fb.out_cache_loc), k)
         T, W = q.shape[0], self.W
         req, pos = self._rows(T, fb), fb.positions
         wpos = pos[:, None] - (W - 1) + torch.arange(W, device=q.device)
         mask = wpos >= 0
-        keys = rows.read(self.req_to_token[req[:, None].long(), wpos.clamp(min=0)])
+        keys = rows.read(self.pool.window_loc(self.req_to_token[req[:, None].long(), wpos.clamp(min=0)]))
         if self.kind == LAYER_HCA:
             return _masked_sink_attention(q, keys, keys, mask, kw["attn_sink"], layer.scaling)
         r = layer.v_head_dim

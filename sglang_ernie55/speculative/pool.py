@@ -1,17 +1,19 @@
 """The ECHO draft's KV pool: the window rows of one layer (the target's last), nothing else.
 
 SGLang's EAGLE draft worker shares the target's `req_to_token` and token allocator, so the draft pool is
-indexed by the same full-pool slots `loc` as the target's (row 0 .. page_size-1 = SGLang's padding page)
-but holds only what the window-only draft attention reads (ARCHITECTURE.md convention 11):
+addressed like the target's window rows: at the SWA slot `window_loc(loc)` of the target's
+`SWATokenToKVPoolAllocator` (SGLang registers the allocator's `full_to_swa_index_mapping` with the draft
+pool too, as DSV4's SWA-only draft pool), or at the full slot without an SWA pool; row 0 .. page_size-1 is
+the padding page. It holds only what the window-only draft attention reads (ARCHITECTURE.md convention 11):
 
 - HCA last layer: the normed, roped kv row [head_dim] per token, in the target's window layout
   (kernels/layout.py: SGLang's V4 layout in fp8, 584 B/token; bf16). No compressed entries, no open-block
   state: the sink is a parameter of the shared layer.
 - MLA-DSA last layer: `[latent | k_pe]` per token; no indexer keys (plain MLA over the window).
 
-The draft attends only the `window_size` most recent positions, so a ring of W rows per request would
-do; stage 1 keeps one row per full-pool slot, like the target's window (a ring needs the rejected-draft
-rollback rules of docs/echo.md section 4). Bytes per token: `echo_bytes_per_token`.
+The draft attends only the `window_size` most recent positions: SGLang's SWA eviction frees the rows of
+tokens that left the target's window (the same window), so the pool holds `swa_size + page_size` rows.
+Bytes per token: `echo_bytes_per_token` (reserved per SWA token by the target's pool configurator).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from sglang.srt.mem_cache.memory_pool import KVCache
 
 from ..configuration import LAYER_HCA
 from ..kernels.layout import hca_geometry, mla_geometry
-from ..mem_cache.pool import DenseRows, OwnRowsKVSurface, PackedRows, is_fp8
+from ..mem_cache.pool import DenseRows, OwnRowsKVSurface, PackedRows, SWAWindowAddressing, is_fp8
 
 
 def _kv_name(kv_dtype: torch.dtype) -> str:
@@ -51,23 +53,23 @@ def echo_bytes_per_token(config, kv_dtype: torch.dtype, page_size: int = 256) ->
     return g.page_bytes / g.page_size
 
 
-class EchoDraftKVPool(OwnRowsKVSurface, KVCache):
-    """One layer of per-token rows, addressed by the target's full-pool slots; `layer_id` is the target's
-    last layer (the draft runs that very module, whose RadixAttention carries that id). Storage as the
-    target's window: a paged uint8 pool in the kernels/layout.py byte layout (`PackedRows`), or fp32
-    `DenseRows` for a pool built with dtype float32 (exactness tests only)."""
+class EchoDraftKVPool(SWAWindowAddressing, OwnRowsKVSurface, KVCache):
+    """One layer of per-token rows at `window_loc(loc)` (SWA slots of the target's allocator in hybrid mode);
+    `layer_id` is the target's last layer (the draft runs that very module, whose RadixAttention carries that
+    id). Storage as the target's window: a paged uint8 pool in the kernels/layout.py byte layout
+    (`PackedRows`), or fp32 `DenseRows` for a pool built with dtype float32 (exactness tests only)."""
 
     _ACCESS_NOTE = "the ECHO draft backend reads and writes the pool through its own rows"
 
     def __init__(self, size: int, page_size: int, dtype: torch.dtype, config, device: str,
-                 enable_memory_saver: bool = False) -> None:  # fmt: skip
+                 enable_memory_saver: bool = False, swa_size: int | None = None) -> None:  # fmt: skip
         self.layer_id = config.num_hidden_layers - 1
         super().__init__(size, page_size, dtype, 1, device, enable_memory_saver, self.layer_id, self.layer_id)
         self.config = config
         self.kind = config.layer_types[-1]
         self.window = config.window_size
         self.fp8 = is_fp8(dtype)
-        self.token_rows = size + page_size
+        self.token_rows = self._init_window_addressing(size, page_size, swa_size)
         if dtype == torch.float32:
             self.rows = DenseRows(self.token_rows, echo_row_width(config), device)
         else:

@@ -230,3 +230,73 @@ def test_twin_full_width_attention_geometry():
         [s.extend([0], [ids[:100]]), s.extend([0], [ids[100:149]]), s.decode([0], [int(ids[149])])]
     )
     torch.testing.assert_close(got, ref.forward(ids).logits, atol=2e-4, rtol=2e-4)
+
+
+# ------------------------------------------------------------------ over SGLang's SWA pool (hybrid)
+def _live_window_mapping_ok(s) -> None:
+    """SGLang's SWA allocator keeps page offsets: every mapped full slot f sits at the same offset of its SWA
+    page, all slots of a full page share one SWA page, and `window_pages` gives that page."""
+    m, page = s.pool.full_to_swa_index_mapping[:-1], s.page
+    f = torch.nonzero(m > 0)[:, 0]
+    assert torch.equal(m[f] % page, f % page)
+    assert torch.equal(s.pool.window_pages(f // page) * page + f % page, m[f])
+
+
+@pytest.mark.slow
+def test_twin_over_swa_pool_equals_reference(cfg, ref, model_fp32):
+    """The pool with a 4-page SWA pool under SGLang's own SWATokenToKVPoolAllocator: chunked prefill crossing
+    the window / block / page edges, a mixed-length batch, batched decode, SWA eviction of the out-of-window
+    page while decoding, and a new request that gets the evicted SWA page (it overwrites those window rows):
+    every request's logits equal the reference (fp32 rows)."""
+    a, b, c = _prompt(cfg, 600, 11), _prompt(cfg, 140, 12), _prompt(cfg, 50, 13)
+    s = th.Session(model_fp32, cfg, torch.float32, num_pages=8, slots=4, swa_pages=4)
+    out_a, out_b = [], []
+    first = s.extend([0, 1], [a[:100], b[:127]])
+    out_a.append(first[:100])
+    out_b.append(first[100:])
+    out_a.append(s.extend([0], [a[100:257]]))  # crosses the window, block 1 and the page
+    out_a.append(s.extend([0], [a[257:530]]))  # a holds SWA pages for its pages 0..2: the SWA pool is full
+    assert s.allocator.swa_available_size() == 0
+    old = s.pool.window_loc(s.req_to_token[0, :1].long()) // 256
+    assert s.evict_swa(0) == old.tolist()  # pre_len 530: page 0 (positions 0..255) left the window
+    assert int(s.pool.window_loc(s.req_to_token[0, :256].long()).abs().sum()) == 0  # unmapped (padding page)
+    for t in range(13):  # a at 530.., b at 127.. (crosses b's first block)
+        logits = s.decode([0, 1], [int(a[530 + t]), int(b[127 + t])])
+        out_a.append(logits[:1])
+        out_b.append(logits[1:])
+    got_c = s.extend([2], [c])  # the only free SWA page is a's evicted one
+    assert (s.pool.window_loc(s.req_to_token[2, :1].long()) // 256).tolist() == old.tolist()
+    out_a.append(s.extend([0], [a[543:]]))
+    _live_window_mapping_ok(s)
+    live = s.req_to_token[2, :50].long()
+    assert (s.pool.window_loc(live) != live).all()  # c's SWA slots are not its full slots
+    torch.testing.assert_close(torch.cat(out_a), ref.forward(a).logits, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(torch.cat(out_b), ref.forward(b).logits, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(got_c, ref.forward(c).logits, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.slow
+def test_prefix_hit_on_swa_evicted_prefix_equals_miss(cfg, ref, model_fp32):
+    """A cached 512-token prefix whose first page lost its SWA rows (tombstone: SGLang matches it because the
+    last window before the hit still has SWA rows) and whose freed SWA page was reused by another request:
+    the hit gives the miss's logits. The request slot's stale open-block state (left by an aborted request)
+    is never read; the retracted / aborted request, re-run from scratch in a reused slot, is exact too."""
+    a = _prompt(cfg, 700, 14)
+    s = th.Session(model_fp32, cfg, torch.float32, num_pages=10, slots=4, swa_pages=4)
+    miss = torch.cat([s.extend([0], [a[:300]]), s.extend([0], [a[300:]])])
+    freed = s.evict_swa(0)  # pre_len 700: page 0 out of the window
+    assert len(freed) == 1
+    d = _prompt(cfg, 77, 15)
+    s.extend([1], [d[:60]])  # takes the freed SWA page, leaves an open block in slot 1's state
+    assert (s.pool.window_loc(s.req_to_token[1, :1].long()) // 256).tolist() == freed
+    s.release(1)  # aborted mid-block: its pages go back, slot 1's state rows stay stale
+    s.extend([3], [_prompt(cfg, 40, 16)])  # reuses the SWA page again
+    s.share_prefix(0, 1, 512)
+    hit = s.extend([1], [a[512:]])
+    torch.testing.assert_close(hit, miss[512:], atol=2e-5, rtol=2e-5)
+    torch.testing.assert_close(hit, ref.forward(a).logits[512:], atol=1e-4, rtol=1e-4)
+    s.release(1)
+    # retraction: SGLang frees the request's KV and re-runs it later (here from scratch, in the freed slot 1)
+    again = torch.cat([s.extend([1], [d[:60]]), s.decode([1], [int(d[60])]), s.extend([1], [d[61:]])])
+    torch.testing.assert_close(again, ref.forward(d).logits, atol=1e-4, rtol=1e-4)
+    _live_window_mapping_ok(s)

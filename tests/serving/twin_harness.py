@@ -69,28 +69,56 @@ def torch_experts(model) -> None:
 
 
 class Session:
-    """Pool + backend + a page allocator; `extend` / `decode` return fp32 logits of the new tokens."""
+    """Pool + backend + a page allocator; `extend` / `decode` return fp32 logits of the new tokens.
+
+    `swa_pages=None`: window rows at the full slots (the pool without an SWA pool) and a simple in-order
+    page allocator. `swa_pages=N`: the hybrid pool with an N-page SWA pool, allocated by SGLang's own
+    `SWATokenToKVPoolAllocator` (full + SWA pages in step, `full_to_swa_index_mapping` registered with the
+    pool); `evict_swa` frees a request's out-of-window SWA pages as SGLang's scheduler does."""
 
     def __init__(
-        self, model, cfg, kv_dtype: torch.dtype, num_pages: int = 64, max_ctx: int = 4096, slots: int = 8
-    ):
+        self, model, cfg, kv_dtype: torch.dtype, num_pages: int = 64, max_ctx: int = 4096, slots: int = 8,
+        swa_pages: int | None = None,
+    ):  # fmt: skip
         from sglang_ernie55.attention.backend import Ernie55AttnBackend
         from sglang_ernie55.mem_cache.pool import Ernie55TokenToKVPool
 
         self.model, self.cfg, self.page = model, cfg, 256
         size = num_pages * self.page
-        self.pool = Ernie55TokenToKVPool(size, self.page, kv_dtype, cfg, num_req_slots=slots, device="cpu")
+        swa = None if swa_pages is None else swa_pages * self.page
+        self.pool = Ernie55TokenToKVPool(size, self.page, kv_dtype, cfg, num_req_slots=slots, device="cpu",
+                                         swa_size=swa)  # fmt: skip
         self.req_to_token = torch.zeros(slots, max_ctx, dtype=torch.int32)
+        self.allocator = None
+        if swa is not None:
+            from sglang.srt.mem_cache.allocator.swa import SWATokenToKVPoolAllocator
+
+            self.allocator = SWATokenToKVPoolAllocator(size, swa, self.page, kv_dtype, "cpu", self.pool,
+                                                       need_sort=False)  # fmt: skip
         runner = SimpleNamespace(token_to_kv_pool=self.pool, model_config=SimpleNamespace(hf_config=cfg),
                                  req_to_token_pool=SimpleNamespace(req_to_token=self.req_to_token))  # fmt: skip
         self.backend = Ernie55AttnBackend(runner)
         self.free_pages = list(range(1, num_pages + 1))
         self.lens = [0] * slots
+        self.swa_evicted = [0] * slots  # SGLang's per-request swa_evicted_seqlen
 
-    def alloc_tokens(self, req: int, n: int) -> torch.Tensor:
+    def alloc_tokens(self, req: int, n: int, decode: bool = False) -> torch.Tensor:
         """Slots for positions lens[req] .. +n, paging like SGLang (new page whenever a page boundary is crossed)."""
+        P = self.lens[req]
+        if self.allocator is not None:
+            last = self.req_to_token[req, P - 1 : P].long() if P else torch.tensor([-1])
+            pre, seq = torch.tensor([P]), torch.tensor([P + n])
+            if decode:
+                assert n == 1
+                loc = self.allocator.alloc_decode(seq, seq, last)
+            else:
+                loc = self.allocator.alloc_extend(pre, pre, seq, seq, last, n)
+            if loc is None:
+                raise RuntimeError(f"SGLang's SWA allocator is out of pages (req {req}, {n} tokens at {P})")
+            self.req_to_token[req, P : P + n] = loc.to(torch.int32)
+            return loc.long()
         locs = []
-        for p in range(self.lens[req], self.lens[req] + n):
+        for p in range(P, P + n):
             if p % self.page == 0:
                 pg = self.free_pages.pop(0)
                 self.req_to_token[req, p : p + self.page] = torch.arange(pg * self.page, (pg + 1) * self.page)
@@ -103,6 +131,34 @@ class Session:
         self.req_to_token[dst, :n] = self.req_to_token[src, :n]
         self.lens[dst] = n
 
+    def evict_swa(self, req: int) -> list[int]:
+        """SGLang's out-of-window SWA eviction for a running request with a prefix-sharing cache
+        (mem_cache/common.py `free_swa_out_of_window_slots`): free the SWA pages of positions below
+        page_floor(pre_len - ceil_page(max(window, page))), pre_len = the request's length. Returns the
+        freed SWA page ids."""
+        P, W, page = self.lens[req], self.cfg.window_size, self.page
+        keep = -(-max(W, page) // page) * page
+        new = max(self.swa_evicted[req], (P - keep) // page * page)
+        lo = self.swa_evicted[req]
+        if new <= lo:
+            return []
+        slots = self.req_to_token[req, lo:new].long()
+        freed = sorted(set((self.pool.window_loc(slots) // page).tolist()))
+        self.allocator.free_swa_segment(slots, start_pos=lo)
+        self.swa_evicted[req] = new
+        return freed
+
+    def release(self, req: int) -> None:
+        """A finished / aborted / retracted request's slots go back (SGLang's release without caching:
+        full pages, and the SWA pages not already evicted)."""
+        L, lo = self.lens[req], self.swa_evicted[req]
+        if self.allocator is not None:
+            slots = self.req_to_token[req, :L].long()
+            if lo:
+                self.allocator.free_full(slots[:lo])
+            self.allocator.free(slots[lo:])
+        self.lens[req] = self.swa_evicted[req] = 0
+
     @torch.no_grad()
     def _run(self, mode, reqs, ids_list, extend: bool):
         from sglang.srt.model_executor.forward_context import ForwardContext, set_forward_context
@@ -110,7 +166,7 @@ class Session:
         locs, pos, prefix, ext = [], [], [], []
         for req, ids in zip(reqs, ids_list):
             P = self.lens[req]
-            locs.append(self.alloc_tokens(req, len(ids)))
+            locs.append(self.alloc_tokens(req, len(ids), decode=not extend))
             pos.append(torch.arange(P, P + len(ids)))
             prefix.append(P)
             ext.append(len(ids))
