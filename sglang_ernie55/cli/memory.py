@@ -244,34 +244,30 @@ class Layout:
 
 # ------------------------------------------------------------------------------------------ KV
 def kv_bytes_per_token(cfg, kv_cache_dtype: str) -> dict[str, float]:
-    """Bytes per token per layer, by pool, from the byte layouts of `sglang_ernie55.kernels.layout`.
+    """Bytes per token per layer, by pool: what the serving pool allocates (`mem_cache.sizing.kv_bytes`, from
+    the byte layouts of `sglang_ernie55.kernels.layout`, page padding included).
 
     Keys: `mla` (latent + rope, every MLA-DSA layer), `indexer` (DSA key, every MLA-DSA layer),
     `hca_window` (raw window entry in the SWA pool, every HCA layer), `hca_compressed` (one
     compressed entry, per `compress_ratio` tokens, every HCA layer).
     """
-    from ..kernels.layout import hca_geometry, idx_geometry, mla_geometry
+    from ..mem_cache.sizing import kv_bytes
 
-    hca = hca_geometry(kv_cache_dtype, dim=cfg.head_dim, rope=cfg.qk_rope_head_dim).bytes_per_token
-    return {
-        "mla": mla_geometry(kv_cache_dtype, dim=cfg.kv_lora_rank, rope=cfg.qk_rope_head_dim).bytes_per_token,
-        "indexer": idx_geometry(kv_cache_dtype, dim=cfg.index_head_dim).bytes_per_token,
-        "hca_window": hca,
-        "hca_compressed": hca,
-    }
+    b = kv_bytes(cfg, kv_cache_dtype)
+    return {"mla": b.latent_row, "indexer": b.index_row, "hca_window": b.window_row, "hca_compressed": b.cmp_row}
 
 
 def pool_bytes_per_token(
     cfg, kv_cache_dtype: str, *, speculative: bool, swa_ratio: float
 ) -> dict[str, float]:
-    """Per token of the full pool: full-pool bytes, SWA-pool bytes (per SWA token) and their sum at the ratio."""
-    kv = kv_bytes_per_token(cfg, kv_cache_dtype)
-    n_mla, n_hca = len(cfg.mla_dsa_layer_ids), len(cfg.hca_layer_ids)
-    full = n_mla * (kv["mla"] + kv["indexer"]) + n_hca * kv["hca_compressed"] / cfg.compress_ratio
+    """Per token of the full pool: full-pool bytes, SWA-pool bytes (per SWA token) and their sum at the ratio;
+    the serving pool configurator's numbers (`mem_cache.sizing.KVBytes.per_full_token`)."""
+    from ..mem_cache.sizing import kv_bytes
+
     # ECHO runs the backbone's last layer over its window only: one more window layer in the SWA pool.
-    swa_layers = n_hca + (1 if speculative and cfg.num_nextn_predict_layers else 0)
-    swa = swa_layers * kv["hca_window"]
-    return {"full": full, "swa": swa, "per_token": full + swa_ratio * swa}
+    b = kv_bytes(cfg, kv_cache_dtype, echo=bool(speculative and cfg.num_nextn_predict_layers))
+    full = b.per_full_token(0.0)
+    return {"full": full, "swa": b.per_swa_token(), "per_token": b.per_full_token(swa_ratio)}
 
 
 def request_state_bytes(cfg) -> float:

@@ -35,9 +35,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
         chunk per attention-DP rank x context x 4 B.
       - request state: the HCA compressor's open block, fp32 [128, 1024] per HCA layer per running
         request (~19 MB at full size).
-      - KV pool: the rest, at the layouts of sglang_ernie55.kernels.layout (FP8: MLA-DSA 656 B +
-        indexer 132 B per token, HCA 584 B per window token and per compressed entry; BF16: 1152 +
-        256, 1024); SWA window pool at --swa-full-tokens-ratio 0.1; replicated over attention TP.
+      - KV pool: the rest, at the layouts of sglang_ernie55.kernels.layout with their page padding,
+        the serving pool's own numbers (FP8: MLA-DSA 656 B + indexer 132 B per token, HCA 585 B per
+        window token and 864 B per compressed entry; BF16: 1152 + 256, 1024 and 1024); SWA window pool
+        at --swa-full-tokens-ratio 0.1 (+ the ECHO draft's window row when speculating); replicated
+        over attention TP.
       - verdict: fits when the KV pool keeps at least 25% of each GPU (the sizing rule behind the
         vendor's table) and holds one full-context request.
     Unverified: these are estimates for planning; SGLang's own profiler decides the real pool at start.
@@ -161,10 +163,10 @@ def render(cfg, p, concurrency: list[int], cell_name: str | None) -> str:
         f"  KV pool          {_gb(p.kv_pool):>10}   {p.kv_pool / (L.gpu.memory_gb * 1e9):.0%} of the GPU",
         "",
         f"KV bytes per token per layer ({L.kv_cache_dtype}):",
-        f"  MLA-DSA x{len(cfg.mla_dsa_layer_ids):<3} latent+rope {p.kv_per_token['mla']} B + indexer key "
-        f"{p.kv_per_token['indexer']} B (every token)",
-        f"  HCA     x{len(cfg.hca_layer_ids):<3} window {p.kv_per_token['hca_window']} B (SWA pool) + compressed "
-        f"{p.kv_per_token['hca_compressed']} B per {cfg.compress_ratio} tokens",
+        f"  MLA-DSA x{len(cfg.mla_dsa_layer_ids):<3} latent+rope {p.kv_per_token['mla']:g} B + indexer key "
+        f"{p.kv_per_token['indexer']:g} B (every token)",
+        f"  HCA     x{len(cfg.hca_layer_ids):<3} window {p.kv_per_token['hca_window']:g} B (SWA pool) + compressed "
+        f"{p.kv_per_token['hca_compressed']:g} B per {cfg.compress_ratio} tokens",
         f"  per token: full pool {p.pool_per_token['full']:.0f} B + SWA {p.pool_per_token['swa']:.0f} B x ratio "
         f"{L.swa_full_tokens_ratio:g} = {p.pool_per_token['per_token']:.0f} B",
         "",

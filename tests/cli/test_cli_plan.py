@@ -58,7 +58,8 @@ def test_checkpoint_tensors_out_of_date_is_loud(monkeypatch):
 
 def test_kv_bytes_per_token():
     fp8 = M.kv_bytes_per_token(FULL, "fp8_e4m3")
-    assert fp8 == {"mla": 656, "indexer": 132, "hca_window": 584, "hca_compressed": 584}
+    # the pool's allocation: V4 window pages of 149,760 B / 256 tokens, compressed pages 1,728 B / 2 entries
+    assert fp8 == {"mla": 656, "indexer": 132, "hca_window": 149_760 / 256, "hca_compressed": 864}
     bf16 = M.kv_bytes_per_token(FULL, "bfloat16")
     assert bf16 == {
         "mla": 2 * (512 + 64),
@@ -67,15 +68,47 @@ def test_kv_bytes_per_token():
         "hca_compressed": 2 * 512,
     }
     per = M.pool_bytes_per_token(FULL, "fp8_e4m3", speculative=False, swa_ratio=0.1)
-    assert per["full"] == pytest.approx(6 * (656 + 132) + 37 * 584 / 128)
-    assert per["swa"] == 37 * 584
+    assert per["full"] == pytest.approx(6 * (656 + 132) + 37 * 864 / 128)
+    assert per["swa"] == 37 * 585
     spec = M.pool_bytes_per_token(FULL, "fp8_e4m3", speculative=True, swa_ratio=0.1)
-    assert spec["swa"] == 38 * 584  # the ECHO draft's window layer
+    assert spec["swa"] == 38 * 585  # the ECHO draft's window layer
     # ARCHITECTURE.md: one 1M-token sequence ~0.18 GB of HCA, ~5 GB of MLA-DSA
     assert 37 * 584 / 128 * 2**20 == pytest.approx(0.18e9, rel=0.05)
     assert 6 * (656 + 132) * 2**20 == pytest.approx(5.0e9, rel=0.05)
     tiny = M.kv_bytes_per_token(tiny_config(), "fp8_e4m3")
     assert tiny["hca_window"] < 584 and tiny["mla"] < 656  # from the config's dims, not constants
+
+
+@pytest.mark.parametrize("kv", ["fp8_e4m3", "bfloat16"])
+@pytest.mark.parametrize("speculative", [False, True])
+@pytest.mark.parametrize("ratio", [0.1, 0.25, 1.0])
+def test_planner_bytes_are_the_pools(kv, speculative, ratio):
+    """The planner's bytes per token are the serving configurator's (`mem_cache.sizing`), and those are what
+    the target pool plus the ECHO draft pool allocate for a given full / SWA split."""
+    import torch
+
+    from sglang_ernie55.mem_cache.pool import Ernie55TokenToKVPool
+    from sglang_ernie55.mem_cache.sizing import kv_bytes, swa_tokens_for
+    from sglang_ernie55.speculative.pool import EchoDraftKVPool
+
+    for cfg in (FULL, tiny_config()):
+        b = kv_bytes(cfg, kv, echo=speculative)
+        per = M.pool_bytes_per_token(cfg, kv, speculative=speculative, swa_ratio=ratio)
+        assert per["per_token"] == pytest.approx(b.per_full_token(ratio))
+        assert per["full"] + ratio * per["swa"] == pytest.approx(per["per_token"])
+    cfg, page = tiny_config(), 256
+    full = 40 * page
+    swa = swa_tokens_for(full, ratio, page)
+    dt = torch.float8_e4m3fn if kv == "fp8_e4m3" else torch.bfloat16
+    pool = Ernie55TokenToKVPool(full, page, dt, cfg, num_req_slots=3, device="cpu", swa_size=swa)
+    got = pool.get_kv_size_bytes()
+    if speculative:
+        got += EchoDraftKVPool(full, page, dt, cfg, device="cpu", swa_size=swa).get_kv_size_bytes()
+    b = kv_bytes(cfg, kv, echo=speculative)
+    assert got == b.allocated(full, swa, 3)
+    # per token, the allocation is the planner's number up to the padding pages and the fixed request state
+    padding = b.allocated(full, swa, 3) - b.allocated(0, 0, 3) - full * b.per_full_token(swa / full)
+    assert abs(padding) <= page * (b.per_swa_token() + b.per_full_token(0.0)) + 2 * b.n_hca * b.cmp_row
 
 
 def test_sharding_follows_the_layout():

@@ -51,17 +51,29 @@ def setup(request):
 class DraftSession:
     """Draft pool + ECHO backend over a paged slot space (slot 0..255 = padding page)."""
 
-    def __init__(self, draft, cfg, kv_dtype=torch.float32, max_ctx=1024, slots=4):
+    def __init__(self, draft, cfg, kv_dtype=torch.float32, max_ctx=1024, slots=4, swa: bool = False):
         from sglang_ernie55.speculative.backend import EchoDraftAttnBackend
         from sglang_ernie55.speculative.pool import EchoDraftKVPool
 
         self.draft, self.cfg = draft, cfg
         pages = max_ctx // PAGE  # every request owns contiguous pages (allocation is not under test)
-        self.pool = EchoDraftKVPool(slots * pages * PAGE, PAGE, kv_dtype, cfg, device="cpu")
+        size = slots * pages * PAGE
+        # swa: an SWA pool of 2 pages per request (positions < 512), full page (1 + r * pages + k) -> SWA page
+        # 2 * slots - 2 * r - k (reverse order), as SGLang's allocator would register it
+        swa_pages = 2 * slots if swa else None
+        self.pool = EchoDraftKVPool(size, PAGE, kv_dtype, cfg, device="cpu",
+                                    swa_size=swa_pages * PAGE if swa else None)  # fmt: skip
         self.req_to_token = torch.zeros(slots, max_ctx, dtype=torch.int32)
+        mapping = torch.zeros(size + PAGE + 1, dtype=torch.int64)
+        mapping[-1] = -1
         for r in range(slots):
             base = (1 + r * pages) * PAGE
             self.req_to_token[r] = torch.arange(base, base + max_ctx)
+            for k in range(2):
+                full = torch.arange(base + k * PAGE, base + (k + 1) * PAGE)
+                mapping[full] = (2 * slots - 2 * r - k) * PAGE + full % PAGE
+        if swa:
+            self.pool.register_mapping(mapping)
         runner = SimpleNamespace(token_to_kv_pool=self.pool, model_config=SimpleNamespace(hf_config=cfg),
                                  req_to_token_pool=SimpleNamespace(req_to_token=self.req_to_token))  # fmt: skip
         self.backend = EchoDraftAttnBackend(runner)
@@ -155,15 +167,17 @@ def test_unattached_draft_refuses_to_run():
         d.get_embed_and_head()
 
 
-def test_draft_extend_and_chain_equal_reference(setup):
+@pytest.mark.parametrize("swa", [False, True])
+def test_draft_extend_and_chain_equal_reference(setup, swa):
     """Draft-extend over a 140-entry prompt (EXTEND, ragged rows of two requests: one crosses the 128-token
     window), then two chained decode steps per request fed back the draft's own streams: logits equal
     the reference's `draft_round` at every proposing entry, and the extend's every row equals
-    `echo_forward`."""
+    `echo_forward`. With `swa` the rows sit at SWA slots that differ from the full slots (a permuted,
+    smaller SWA pool), as under SGLang's hybrid allocator."""
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
     cfg, ref, _, draft = setup
-    sess = DraftSession(draft, cfg)
+    sess = DraftSession(draft, cfg, swa=swa)
     g = torch.Generator().manual_seed(0)
     lens = {0: 140, 2: 37}
     data = {r: (torch.randn(n, cfg.hc_mult, cfg.hidden_size, generator=g), torch.randint(0, cfg.vocab_size, (n,), generator=g))
@@ -290,13 +304,14 @@ def test_echo_bytes_per_token(setup):
     assert echo_bytes_per_token(full, torch.bfloat16) == 1024
 
 
-def test_chunked_draft_extend_equals_whole(setup):
+@pytest.mark.parametrize("swa", [False, True])
+def test_chunked_draft_extend_equals_whole(setup, swa):
     """Chunked prefill: the draft-extend of a 300-entry prompt in chunks 0..99 | 100..299 (with a second
-    request's rows in the first batch) gives the reference's whole-sequence logits."""
+    request's rows in the first batch) gives the reference's whole-sequence logits (also over SWA slots)."""
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
     cfg, ref, _, draft = setup
-    sess = DraftSession(draft, cfg)
+    sess = DraftSession(draft, cfg, swa=swa)
     g = torch.Generator().manual_seed(13)
     S = torch.randn(300, cfg.hc_mult, cfg.hidden_size, generator=g)
     T = torch.randint(0, cfg.vocab_size, (300,), generator=g)

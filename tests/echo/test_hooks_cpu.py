@@ -203,14 +203,15 @@ def test_draft_pool_hook_builds_the_echo_pool(hooks, monkeypatch):
     monkeypatch.setattr("sglang.srt.runtime_context.get_exec",
                         lambda: SimpleNamespace(features=SimpleNamespace(enable_memory_saver=False)))  # fmt: skip
     cfg = tiny_config(architectures=[ARCH_ECHO])
-    kvc = SimpleNamespace(is_draft_worker=True, model_config=SimpleNamespace(hf_config=cfg), pool_page_size=256,
-                          kv_cache_dtype=torch.bfloat16, device="cpu")  # fmt: skip
-    pool = KVCacheConfigurator._build_token_to_kv_pool(kvc, sizes=SimpleNamespace(max_total_num_tokens=2048),
-                                                       is_dsa_model=False, is_dsv4_model=False,
-                                                       req_to_token_pool=None)  # fmt: skip
-    assert isinstance(pool, EchoDraftKVPool)
-    assert pool.layer_id == cfg.num_hidden_layers - 1 and pool.token_rows == 2048 + 256
-    assert pool.get_kv_size_bytes() == (2048 + 256) * echo_bytes_per_token(cfg, torch.bfloat16)
+    for hybrid, rows in ((False, 2048 + 256), (True, 512 + 256)):  # hybrid SWA: rows at the SWA pool's size
+        kvc = SimpleNamespace(is_draft_worker=True, model_config=SimpleNamespace(hf_config=cfg), pool_page_size=256,
+                              kv_cache_dtype=torch.bfloat16, device="cpu", is_hybrid_swa=hybrid)  # fmt: skip
+        sizes = SimpleNamespace(max_total_num_tokens=2048, swa_max_total_num_tokens=512 if hybrid else None)
+        pool = KVCacheConfigurator._build_token_to_kv_pool(kvc, sizes=sizes, is_dsa_model=False, is_dsv4_model=False,
+                                                           req_to_token_pool=None)  # fmt: skip
+        assert isinstance(pool, EchoDraftKVPool) and pool.is_hybrid_swa == hybrid
+        assert pool.layer_id == cfg.num_hidden_layers - 1 and pool.token_rows == rows
+        assert pool.get_kv_size_bytes() == rows * echo_bytes_per_token(cfg, torch.bfloat16)
 
 
 def test_init_lm_head_hook_shares_the_targets_modules(hooks):

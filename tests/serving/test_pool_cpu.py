@@ -1,4 +1,6 @@
-"""Pool sizing arithmetic and the stored rows of `Ernie55TokenToKVPool` (helper-4's byte layouts)."""
+"""Pool sizing arithmetic (through SGLang's real argument resolution and configurator hook), the SWA window
+addressing over SGLang's own SWATokenToKVPoolAllocator, and the stored rows of `Ernie55TokenToKVPool`
+(helper-4's byte layouts)."""
 
 from __future__ import annotations
 
@@ -8,7 +10,9 @@ from sglang_ernie55.kernels.layout import hca_geometry, idx_geometry, mla_geomet
 
 from sglang_ernie55.configuration import Ernie55Config, tiny_config
 from sglang_ernie55.mem_cache.pool import Ernie55TokenToKVPool, PackedRows
-from sglang_ernie55.mem_cache.sizing import kv_bytes, normalize_kv_dtype, pool_tokens
+from sglang_ernie55.mem_cache.sizing import kv_bytes, normalize_kv_dtype, pool_tokens, swa_tokens_for
+
+PAGE = 256
 
 
 def test_full_size_bytes_per_token():
@@ -19,22 +23,33 @@ def test_full_size_bytes_per_token():
     assert b.window_row == 149_760 / 256 and b.cmp_row == 1_728 / 2
     assert (b.latent_row, b.index_row) == (656, 132)
     per = b.per_full_token(1.0)
-    assert per == pytest.approx(37 * (585 + 864 / 128) + 6 * (656 + 132))
-    assert b.per_full_token(0.1) < per / 3  # the SWA pool (stage 2) is what makes 1M context cheap
+    assert per == pytest.approx(37 * (585 + 864 / 128) + 6 * (656 + 132))  # 26.6 KB: window rows per token
+    at_01 = b.per_full_token(0.1)
+    assert at_01 == pytest.approx(37 * (0.1 * 585 + 864 / 128) + 6 * (656 + 132))  # 7.14 KB with the SWA pool
+    assert at_01 < per / 3.7
+    echo = kv_bytes(Ernie55Config(), "fp8_e4m3", echo=True)  # + the ECHO draft's window row per SWA token
+    assert echo.per_full_token(0.1) - at_01 == pytest.approx(0.1 * 585)
 
 
 @pytest.mark.parametrize("kv", ["fp8_e4m3", "bfloat16"])
-def test_pool_allocation_matches_sizing(kv):
+@pytest.mark.parametrize("swa_pages", [None, 2])
+def test_pool_allocation_matches_sizing(kv, swa_pages):
+    """The pool allocates exactly `KVBytes.allocated`: window rows at the SWA pool's size (+ padding page)
+    in hybrid mode, at every full slot without an SWA pool; everything else at the full pool's size."""
     cfg = tiny_config()
     dtype = torch.float8_e4m3fn if kv == "fp8_e4m3" else torch.bfloat16
-    size, page, slots = 4 * 256, 256, 5
-    pool = Ernie55TokenToKVPool(size, page, dtype, cfg, num_req_slots=slots, device="cpu")
+    size, slots = 4 * PAGE, 5
+    swa = None if swa_pages is None else swa_pages * PAGE
+    pool = Ernie55TokenToKVPool(size, PAGE, dtype, cfg, num_req_slots=slots, device="cpu", swa_size=swa)
     b = kv_bytes(cfg, kv)
-    rows = size + page
+    rows = size + PAGE
     cmp_pages = -(-(rows // 128 + 1) // 2)
-    want = (rows * (b.n_hca * b.window_row + b.n_mla * (b.latent_row + b.index_row))
+    win_rows = (swa or size) + PAGE
+    want = (win_rows * b.n_hca * b.window_row + rows * b.n_mla * (b.latent_row + b.index_row)
             + cmp_pages * 2 * b.n_hca * b.cmp_row + (slots + 1) * b.state_per_slot)  # fmt: skip
-    assert pool.get_kv_size_bytes() == want
+    assert pool.get_kv_size_bytes() == want == b.allocated(size, swa, slots)
+    assert pool.window_rows == win_rows and pool.is_hybrid_swa == (swa is not None)
+    assert all(w.rows == win_rows for w in pool.win.values())
     assert pool.cmp_scratch == pool.cmp_rows - 1 >= rows // 128
 
 
@@ -86,3 +101,222 @@ def test_packed_rows_roundtrip(geom, width, tile):
     xt, yt = x[:, :q].view(5, -1, tile), y[:, :q].view(5, -1, tile)
     amax = xt.abs().amax(-1, keepdim=True)
     assert ((yt - xt).abs() <= amax * 2**-3 + 1e-12).all()
+
+
+# ------------------------------------------------------------------ SWA window addressing
+def _swa_pool(full_pages=8, swa_pages=4, dtype=torch.bfloat16):
+    from sglang.srt.mem_cache.allocator.swa import SWATokenToKVPoolAllocator
+
+    pool = Ernie55TokenToKVPool(full_pages * PAGE, PAGE, dtype, tiny_config(), num_req_slots=4, device="cpu",
+                                swa_size=swa_pages * PAGE)  # fmt: skip
+    alloc = SWATokenToKVPoolAllocator(full_pages * PAGE, swa_pages * PAGE, PAGE, dtype, "cpu", pool, need_sort=False)
+    return pool, alloc
+
+
+def test_window_loc_is_the_allocators_mapping_and_pages_keep_offsets():
+    """SGLang's SWATokenToKVPoolAllocator registers its mapping with the pool; over a random life of requests
+    (chunked extends, decodes, out-of-window SWA frees, releases, reuse of freed pages) every live full slot
+    keeps its offset inside its SWA page, all slots of one full page share one SWA page (so the page-table
+    translation `window_pages` is exact), no two live full pages share an SWA page, and freed slots map to
+    the padding page."""
+    pool, alloc = _swa_pool(full_pages=16, swa_pages=6)
+    assert pool.full_to_swa_index_mapping is alloc.full_to_swa_index_mapping  # by reference: updated in place
+    g = torch.Generator().manual_seed(0)
+    lens, evicted = [0] * 4, [0] * 4
+    r2t = torch.zeros(4, 8192, dtype=torch.int64)
+    diverged, counts = False, {"evict": 0, "release": 0, "alloc": 0}
+
+    def evict(q):  # SGLang's out-of-window rule (mem_cache/common.py free_swa_out_of_window_slots)
+        new = max(evicted[q], (lens[q] - PAGE) // PAGE * PAGE)
+        if new > evicted[q]:
+            alloc.free_swa_segment(r2t[q, evicted[q] : new], start_pos=evicted[q])
+            evicted[q] = new
+            counts["evict"] += 1
+
+    def release(q):  # finish / abort / retract: full pages, and the SWA pages not evicted yet
+        if evicted[q]:
+            alloc.free_full(r2t[q, : evicted[q]])
+        alloc.free(r2t[q, evicted[q] : lens[q]])
+        lens[q] = evicted[q] = 0
+        counts["release"] += 1
+
+    for step in range(300):
+        r = int(torch.randint(0, 4, (1,), generator=g))
+        op = int(torch.randint(0, 12, (1,), generator=g))
+        P = lens[r]
+        if op == 0 and P:
+            release(r)
+            continue
+        if op == 1:
+            evict(r)
+            continue
+        n = 1 if op < 7 else int(torch.randint(1, 200, (1,), generator=g))
+        last = r2t[r, P - 1 : P] if P else torch.tensor([-1])
+        pre, seq = torch.tensor([P]), torch.tensor([P + n])
+        loc = alloc.alloc_decode(seq, seq, last) if n == 1 and P else alloc.alloc_extend(pre, pre, seq, seq, last, n)
+        if loc is None:  # out of pages: the scheduler would evict windows, then retract the longest request
+            for q in range(4):
+                evict(q)
+            release(max(range(4), key=lambda q: lens[q]))
+            continue
+        counts["alloc"] += 1
+        r2t[r, P : P + n] = loc
+        lens[r] = P + n
+        m = pool.full_to_swa_index_mapping[:-1]
+        f = torch.nonzero(m > 0)[:, 0]
+        assert torch.equal(m[f] % PAGE, f % PAGE), step
+        assert torch.equal(pool.window_pages(f // PAGE) * PAGE + f % PAGE, m[f]), step
+        pages = torch.unique(f // PAGE)
+        assert torch.unique(pool.window_pages(pages)).numel() == pages.numel(), step
+        for q in range(4):  # every request's live window rows are mapped, evicted ones unmapped
+            w = pool.window_loc(r2t[q, evicted[q] : lens[q]])
+            assert (w >= PAGE).all(), (step, q)
+            assert (pool.window_loc(r2t[q, : evicted[q]]) == 0).all(), (step, q)
+            diverged |= bool((w != r2t[q, evicted[q] : lens[q]]).any())
+    assert diverged and counts["evict"] >= 5 and counts["release"] >= 20, counts  # SWA slots != full slots
+    assert pool.window_loc(torch.tensor([-1, 0])).tolist() == [-1, 0]  # "no key" and the padding page
+    assert pool.window_pages(torch.tensor([[-1, 0]])).tolist() == [[-1, 0]]
+
+
+def test_window_addressing_errors_and_identity():
+    cfg = tiny_config()
+    plain = Ernie55TokenToKVPool(2 * PAGE, PAGE, torch.bfloat16, cfg, num_req_slots=2, device="cpu")
+    loc = torch.tensor([[3, 700], [-1, 256]])
+    assert plain.window_loc(loc) is loc and plain.window_pages(loc) is loc
+    with pytest.raises(ValueError, match="without an SWA pool"):
+        plain.register_mapping(torch.zeros(2 * PAGE + PAGE + 1, dtype=torch.int64))
+    pool = Ernie55TokenToKVPool(2 * PAGE, PAGE, torch.bfloat16, cfg, num_req_slots=2, device="cpu", swa_size=PAGE)
+    with pytest.raises(RuntimeError, match="no full->SWA mapping yet"):
+        pool.window_loc(loc)
+    with pytest.raises(ValueError, match=r"int64 \[full size \+ page_size \+ 1\] = \[769\]"):
+        pool.register_mapping(torch.zeros(768, dtype=torch.int64))
+    with pytest.raises(ValueError, match="positive multiple of page_size 256"):
+        Ernie55TokenToKVPool(2 * PAGE, PAGE, torch.bfloat16, cfg, num_req_slots=2, device="cpu", swa_size=100)
+    with pytest.raises(NotImplementedError, match="get_state_buf_infos"):
+        pool.get_state_buf_infos()
+
+
+# ------------------------------------------------------------------ sizing through SGLang's resolution
+@pytest.fixture(scope="module")
+def ernie_ckpt(tmp_path_factory) -> str:
+    import json
+
+    d = tmp_path_factory.mktemp("ernie55-config")
+    (d / "config.json").write_text(json.dumps(tiny_config().to_config_json()))
+    return str(d)
+
+
+def _sizes_through_sglang(ckpt: str, *flags: str, budget: int = 64 * 2**20):
+    """`sglang serve` argument resolution -> SGLang's ModelConfig (its hybrid-SWA decision) -> SGLang's
+    create_memory_pool_configurator (our hook) -> pool sizes for `budget` bytes -> the pool built."""
+    from types import SimpleNamespace
+
+    import sglang.srt.model_executor.pool_configurator as pc  # its function is hooked once the plugin loads
+    from sglang.srt.arg_groups.model_override_base import model_config_of
+    from sglang.srt.runtime_context import create_context, use_context
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    from sglang_ernie55.args import resolve_server_args
+
+    sa = resolve_server_args(["--model-path", ckpt, "--max-running-requests", "16", *flags], device="cpu")
+    mc = model_config_of(sa)
+    kv = sa.resolved_dict()["kv_cache_dtype"]
+    kvc = SimpleNamespace(model_config=mc, kv_cache_dtype_str=kv, kv_cache_dtype=torch.float8_e4m3fn,
+                          is_hybrid_swa=mc.is_hybrid_swa, sliding_window_size=mc.sliding_window_size,
+                          spec_algorithm=SpeculativeAlgorithm.NONE, is_draft_worker=False)  # fmt: skip
+    with use_context(create_context(sa, role="test")):
+        conf = pc.create_memory_pool_configurator(kvc)
+        sizes = conf.calculate_pool_sizes(budget, PAGE)
+    pool = Ernie55TokenToKVPool(sizes.max_total_num_tokens, PAGE, torch.float8_e4m3fn, mc.hf_config,
+                                num_req_slots=conf.req_slots + 1, device="cpu",
+                                swa_size=sizes.swa_max_total_num_tokens if mc.is_hybrid_swa else None)  # fmt: skip
+    return mc, conf, sizes, pool, sa
+
+
+def test_swa_ratio_sizes_the_pool_through_sglang(ernie_ckpt, caplog):
+    """`--swa-full-tokens-ratio` as SGLang resolves it (default 0.1 from the model's overrides; 1.0 given;
+    `--disable-hybrid-swa-memory`): SGLang's ModelConfig runs the model as hybrid SWA (HCA layers = SWA
+    layers), our configurator splits the same byte budget into full + SWA tokens at that ratio and logs
+    them, and the pool built from those sizes allocates exactly the configurator's bytes, within budget."""
+    import logging
+
+    budget = 64 * 2**20
+    caplog.set_level(logging.INFO, logger="sglang_ernie55.mem_cache.sizing")
+    got = {}
+    for name, flags in {"default": (), "1.0": ("--swa-full-tokens-ratio", "1.0"),
+                        "off": ("--disable-hybrid-swa-memory",)}.items():  # fmt: skip
+        mc, conf, sizes, pool, _ = _sizes_through_sglang(ernie_ckpt, *flags, budget=budget)
+        got[name] = (sizes.max_total_num_tokens, sizes.swa_max_total_num_tokens, pool)
+        assert type(conf).__name__ == "Ernie55PoolConfigurator"
+        assert pool.get_kv_size_bytes() == conf.bytes.allocated(sizes.max_total_num_tokens,
+                                                                 sizes.swa_max_total_num_tokens, conf.req_slots + 1)
+        assert pool.get_kv_size_bytes() <= budget + conf.bytes.allocated(PAGE, PAGE, 0)  # + padding pages
+        if name != "off":
+            assert mc.is_hybrid_swa and mc.sliding_window_size == 128
+            assert mc.swa_attention_layer_ids == mc.hf_config.hca_layer_ids == [0, 2, 3]
+            assert mc.full_attention_layer_ids == mc.hf_config.mla_dsa_layer_ids == [1]
+    (f01, s01, p01), (f1, s1, p1), (foff, soff, poff) = got["default"], got["1.0"], got["off"]
+    assert s01 == swa_tokens_for(f01, 0.1, PAGE) and s1 == f1 and soff is None
+    assert f01 > 2 * f1  # the same bytes hold > 2x the tokens at ratio 0.1 (tiny config: 3 HCA, 1 MLA layer)
+    assert foff == f1 and poff.window_rows == p1.window_rows  # no SWA pool = window rows at every full slot
+    assert p01.window_rows == s01 + PAGE < p1.window_rows
+    logged = caplog.text
+    assert f"mode=hybrid-swa (memory budget) full_tokens={f01} swa_tokens={s01} swa_full_tokens_ratio=0.1" in logged
+    assert f"full_tokens={f1} swa_tokens={s1} swa_full_tokens_ratio=1.0" in logged
+    assert f"mode=full-only (memory budget) full_tokens={foff} swa_tokens=None" in logged
+
+
+def test_too_small_swa_pool_is_refused_by_sglangs_rule(ernie_ckpt):
+    """SGLang's `validate_swa_pool_size`: an SWA pool at or below window + page rows can never admit a
+    request; the error names the flag."""
+    with pytest.raises(ValueError, match="Increase --swa-full-tokens-ratio"):
+        _sizes_through_sglang(ernie_ckpt, "--swa-full-tokens-ratio", "0.01", budget=2 * 2**20)
+
+
+def test_sglang_builds_swa_allocator_and_registers_the_mapping_with_both_pools(ernie_ckpt):
+    """SGLang's own KVCacheConfigurator methods (with the plugin's hooks): the target worker gets our pool
+    sized full + SWA and SGLang's SWATokenToKVPoolAllocator around it (mapping registered); the ECHO draft
+    worker gets its window-only pool on the same SWA size, and SGLang registers the target allocator's
+    mapping with it (so the draft's rows follow the target's SWA slots)."""
+    from types import SimpleNamespace
+
+    from sglang.srt.mem_cache.allocator.swa import SWATokenToKVPoolAllocator
+    from sglang.srt.mem_cache.kv_cache_configurator import KVCacheConfigurator
+    from sglang.srt.runtime_context import create_context, use_context
+
+    from sglang_ernie55.configuration import ARCH_ECHO
+    from sglang_ernie55.speculative.pool import EchoDraftKVPool
+
+    mc, conf, sizes, _, sa = _sizes_through_sglang(ernie_ckpt)
+    full, swa = sizes.max_total_num_tokens, sizes.swa_max_total_num_tokens
+    psizes = SimpleNamespace(max_total_num_tokens=full, full_max_total_num_tokens=full,
+                             swa_max_total_num_tokens=swa)  # fmt: skip
+    r2t = SimpleNamespace(req_to_token=torch.zeros(17, 2048, dtype=torch.int32))
+
+    def kvc(cfg, draft):
+        return SimpleNamespace(is_draft_worker=draft, model_config=SimpleNamespace(hf_config=cfg),
+                               pool_page_size=PAGE, kv_cache_dtype=torch.float8_e4m3fn, device="cpu",
+                               is_hybrid_swa=True, hybrid_gdn_config=None, kv_shard_size=1,
+                               is_hybrid_swa_mtp_draft=False, draft_swa_full_capacity=False)  # fmt: skip
+
+    with use_context(create_context(sa, role="test")):
+        t = kvc(mc.hf_config, False)
+        pool = KVCacheConfigurator._build_token_to_kv_pool(t, sizes=psizes, is_dsa_model=False, is_dsv4_model=False,
+                                                           req_to_token_pool=r2t)  # fmt: skip
+        alloc = KVCacheConfigurator._build_token_to_kv_pool_allocator(
+            t, sizes=psizes, token_to_kv_pool=pool, is_dsv4_model=False, req_to_token_pool=r2t,
+            token_to_kv_pool_allocator=None)  # fmt: skip
+        d = kvc(tiny_config(architectures=[ARCH_ECHO]), True)
+        dpool = KVCacheConfigurator._build_token_to_kv_pool(d, sizes=psizes, is_dsa_model=False, is_dsv4_model=False,
+                                                            req_to_token_pool=r2t)  # fmt: skip
+        again = KVCacheConfigurator._build_token_to_kv_pool_allocator(
+            d, sizes=psizes, token_to_kv_pool=dpool, is_dsv4_model=False, req_to_token_pool=r2t,
+            token_to_kv_pool_allocator=alloc)  # fmt: skip
+    assert isinstance(pool, Ernie55TokenToKVPool) and isinstance(alloc, SWATokenToKVPoolAllocator)
+    assert (alloc.size_full, alloc.size_swa) == (full, swa) and pool.window_rows == swa + PAGE
+    assert pool.full_to_swa_index_mapping is alloc.full_to_swa_index_mapping
+    assert isinstance(dpool, EchoDraftKVPool) and again is alloc
+    assert dpool.token_rows == swa + PAGE and dpool.full_to_swa_index_mapping is alloc.full_to_swa_index_mapping
+    pre, seq = torch.tensor([0]), torch.tensor([300])
+    loc = alloc.alloc_extend(pre, pre, seq, seq, torch.tensor([-1]), 300)
+    assert torch.equal(dpool.window_loc(loc), pool.window_loc(loc)) and (pool.window_loc(loc) >= PAGE).all()

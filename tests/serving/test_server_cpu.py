@@ -1,9 +1,11 @@
-"""The real SGLang server on CPU (`--device cpu`): tiny BF16 checkpoint, fp32 activations, bf16 KV;
-greedy tokens equal the reference's (cached tensors rounded to bf16 as the pool stores them); a repeated
-request (radix-cache page hits) answers the same."""
+"""The real SGLang server on CPU (`--device cpu`): tiny BF16 checkpoint, fp32 activations, bf16 KV, over
+SGLang's hybrid-SWA machinery (SWATokenToKVPoolAllocator + the SWA radix cache) with a small SWA pool;
+greedy tokens equal the reference's (cached tensors rounded to bf16 as the pool stores them), on a
+concurrent round, then on prefix hits whose cached prefixes lost SWA rows to eviction."""
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -11,6 +13,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 import server_harness as sh  # noqa: E402
+
+FULL_TOKENS, SWA_RATIO = 8192, 0.125  # SWA pool 1024 tokens (4 pages): shorter than the longest request
 
 
 @pytest.mark.slow
@@ -20,19 +24,35 @@ def test_cpu_server_matches_reference(tmp_path):
 
     path = make_checkpoint(tmp_path / "bf16", dtype="bf16", seed=0)
     cfg = tiny_config()
-    prompts = sh.make_prompts(cfg.vocab_size, cfg.bos_token_id, lengths=(19, 129, 257, 1000), seed=1)
+    base = sh.make_prompts(cfg.vocab_size, cfg.bos_token_id, lengths=(19, 129, 257, 1300), seed=1)[:4]
+    long = base[3]
     server = sh.Server(path, "--device", "cpu", "--dtype", "float32", "--kv-cache-dtype", "bfloat16",
-                       "--context-length", "2048", "--max-running-requests", "8", "--max-total-tokens", "8192",
+                       "--context-length", "2048", "--max-running-requests", "8",
+                       "--max-total-tokens", str(FULL_TOKENS), "--swa-full-tokens-ratio", str(SWA_RATIO),
                        "--chunked-prefill-size", "256", "--disable-cuda-graph", "--disable-prefill-cuda-graph",
                        "--sampling-backend", "pytorch", log_name="cpu-server")  # fmt: skip
     try:
-        first = server.complete_all(prompts, 8, workers=4)
-        again = server.complete_all(prompts, 8, workers=4)
+        first = server.complete_all(base, 8, workers=4)  # mixed batches, chunked prefill, SWA pressure
+        again = server.complete(long, 8)  # alone: a radix hit on `long`'s cached pages
     finally:
         server.stop()
+    log = server.log_path.read_text(errors="replace")
     _, ref = sh.load_reference(path, "cpu")
+    prompts, outs = base + [long], first + [again]
     with sh.kv_rounded_reference():
-        s = sh.score(ref, prompts, first, "cpu")
-    assert [o["tokens"] for o in again] == [o["tokens"] for o in first]
+        s = sh.score(ref, prompts, outs, "cpu")
     assert s.top1 == s.positions, (s.summary(), s.mismatches)
     assert s.max_lp_err <= 0.02, s.summary()
+    assert again["tokens"] == first[3]["tokens"]
+
+    # SGLang ran the model as hybrid SWA with the pool our configurator sized from the given ratio ...
+    swa = int(FULL_TOKENS * SWA_RATIO) // 256 * 256
+    assert "Tree cache initialized: source=default impl=UnifiedRadixCache hybrid_swa=True" in log
+    assert f"ERNIE-5.5 KV pool: full_tokens={FULL_TOKENS} swa_tokens={swa} " in log
+    assert f"swa_full_tokens_ratio={SWA_RATIO}" in log
+    # ... the longest request holds more tokens than the SWA pool has rows: its out-of-window SWA slots were
+    # freed and reused while it ran; and its repeat hit a cached prefix longer than the SWA pool, so older
+    # pages of that prefix had lost their SWA rows (tombstones) -- and still gave the reference's tokens.
+    assert len(long) + 8 > swa
+    cached = [int(m) for m in re.findall(r"Prefill batch.*?#cached-token: (\d+)", log)]
+    assert max(cached) > swa and max(cached) % 256 == 0, cached
