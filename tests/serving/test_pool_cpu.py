@@ -174,6 +174,24 @@ def test_window_loc_is_the_allocators_mapping_and_pages_keep_offsets():
             assert (pool.window_loc(r2t[q, : evicted[q]]) == 0).all(), (step, q)
             diverged |= bool((w != r2t[q, evicted[q] : lens[q]]).any())
     assert diverged and counts["evict"] >= 5 and counts["release"] >= 20, counts  # SWA slots != full slots
+    # the kernels' page-table index rows (kernels/hca_meta.py) over window_pages = the SWA slots
+    from sglang_ernie55.kernels.hca_meta import hca_indices
+
+    live = [q for q in range(4) if lens[q]]
+    full_pages = torch.zeros(4, 32, dtype=torch.int32)
+    for q in live:
+        n = -(-lens[q] // PAGE)
+        full_pages[q, :n] = (r2t[q, 0 : n * PAGE : PAGE] // PAGE).to(torch.int32)
+    q_req = torch.tensor([q for q in live for _ in range(3)])
+    q_pos = torch.tensor([p for q in live for p in (lens[q] - 1, max(0, lens[q] - 130), lens[q] // 2)])
+    win, win_len, _, _ = hca_indices(pool.window_pages(full_pages), full_pages, q_req, q_pos, cmp_width=64)
+    for t in range(q_req.numel()):
+        p = int(q_pos[t])
+        positions = torch.arange(max(0, p - 127), p + 1)
+        if positions[0] < evicted[int(q_req[t])]:
+            continue  # out of the live window (SGLang never matches / decodes there)
+        want = pool.window_loc(r2t[int(q_req[t]), positions])
+        assert int(win_len[t]) == positions.numel() and torch.equal(win[t, : positions.numel()].long(), want)
     assert pool.window_loc(torch.tensor([-1, 0])).tolist() == [-1, 0]  # "no key" and the padding page
     assert pool.window_pages(torch.tensor([[-1, 0]])).tolist() == [[-1, 0]]
 
