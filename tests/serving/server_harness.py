@@ -116,6 +116,24 @@ class Server:
         ch = r.json()["choices"][0]
         return {"tokens": ch["token_ids"], "logprobs": ch["logprobs"]["token_logprobs"]}
 
+    def generate_and_abort(self, prompt: list[int], max_tokens: int, rid: str, abort_when, timeout: float = 300):
+        """A native /generate request (greedy), aborted through /abort_request as soon as `abort_when(log
+        text)` holds (polled); returns its JSON answer (finish_reason `abort` when the abort landed
+        mid-generation)."""
+        body = dict(input_ids=prompt, rid=rid, sampling_params=dict(max_new_tokens=max_tokens, temperature=0,
+                                                                    ignore_eos=True))  # fmt: skip
+        with ThreadPoolExecutor(1) as ex:
+            fut = ex.submit(requests.post, self.url + "/generate", json=body, timeout=600)
+            t0 = time.time()
+            while not fut.done() and time.time() - t0 < timeout:
+                self._log.flush()
+                if abort_when(self.log_path.read_text(errors="replace")):
+                    break
+                time.sleep(0.2)
+            requests.post(self.url + "/abort_request", json={"rid": rid}, timeout=60)
+            r = fut.result()
+        return r.json()
+
     def complete_all(self, prompts: list[list[int]], max_tokens: int, workers: int = 16) -> list[dict]:
         with ThreadPoolExecutor(workers) as ex:
             return list(ex.map(lambda p: self.complete(p, max_tokens), prompts))

@@ -1,7 +1,8 @@
 """The real SGLang server on CPU (`--device cpu`): tiny BF16 checkpoint, fp32 activations, bf16 KV, over
 SGLang's hybrid-SWA machinery (SWATokenToKVPoolAllocator + the SWA radix cache) with a small SWA pool;
 greedy tokens equal the reference's (cached tensors rounded to bf16 as the pool stores them), on a
-concurrent round, then on prefix hits whose cached prefixes lost SWA rows to eviction."""
+concurrent round, on a prefix hit whose cached prefix lost SWA rows to eviction, and after a request
+aborted mid-decode."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 import server_harness as sh  # noqa: E402
@@ -26,6 +28,8 @@ def test_cpu_server_matches_reference(tmp_path):
     cfg = tiny_config()
     base = sh.make_prompts(cfg.vocab_size, cfg.bos_token_id, lengths=(19, 129, 257, 1300), seed=1)[:4]
     long = base[3]
+    g = torch.Generator().manual_seed(2)
+    victim = [cfg.bos_token_id] + torch.randint(3, cfg.vocab_size, (599,), generator=g).tolist()
     server = sh.Server(path, "--device", "cpu", "--dtype", "float32", "--kv-cache-dtype", "bfloat16",
                        "--context-length", "2048", "--max-running-requests", "8",
                        "--max-total-tokens", str(FULL_TOKENS), "--swa-full-tokens-ratio", str(SWA_RATIO),
@@ -34,16 +38,25 @@ def test_cpu_server_matches_reference(tmp_path):
     try:
         first = server.complete_all(base, 8, workers=4)  # mixed batches, chunked prefill, SWA pressure
         again = server.complete(long, 8)  # alone: a radix hit on `long`'s cached pages
+        # an abort mid-decode, once the 600-token request has decoded 120 tokens (3 decode log lines):
+        # its page 0 has left the window, so it holds fewer SWA rows than full slots
+        n0 = server.log_path.read_text(errors="replace").count("Decode batch")
+        aborted = server.generate_and_abort(victim, 1400, rid="ernie55-swa-abort",
+                                            abort_when=lambda log: log.count("Decode batch") >= n0 + 3)
+        after = server.complete(base[2], 8)  # the server still serves exactly after the abort
     finally:
         server.stop()
     log = server.log_path.read_text(errors="replace")
     _, ref = sh.load_reference(path, "cpu")
-    prompts, outs = base + [long], first + [again]
+    prompts, outs = base + [long, base[2]], first + [again, after]
     with sh.kv_rounded_reference():
         s = sh.score(ref, prompts, outs, "cpu")
     assert s.top1 == s.positions, (s.summary(), s.mismatches)
     assert s.max_lp_err <= 0.02, s.summary()
-    assert again["tokens"] == first[3]["tokens"]
+    assert again["tokens"] == first[3]["tokens"] and after["tokens"] == first[2]["tokens"]
+    reason = aborted["meta_info"]["finish_reason"]
+    done = aborted["meta_info"]["completion_tokens"]
+    assert reason["type"] == "abort" and 0 < done < 1400, (reason, done)
 
     # SGLang ran the model as hybrid SWA with the pool our configurator sized from the given ratio ...
     swa = int(FULL_TOKENS * SWA_RATIO) // 256 * 256
@@ -56,3 +69,6 @@ def test_cpu_server_matches_reference(tmp_path):
     assert len(long) + 8 > swa
     cached = [int(m) for m in re.findall(r"Prefill batch.*?#cached-token: (\d+)", log)]
     assert max(cached) > swa and max(cached) % 256 == 0, cached
+    # while decoding, a running request held fewer SWA rows than full-pool slots (scheduler eviction)
+    decode = [(int(f), int(w)) for f, w in re.findall(r"Decode batch.*?#full token: (\d+).*?#swa token: (\d+)", log)]
+    assert any(w < f for f, w in decode), decode

@@ -23,6 +23,12 @@ here models) are reported against a loose bound only.
 
 Two groups can run in parallel on one GPU (each server takes 40% of its memory):
 `-k bf16_kv_group` and `-k fp8_group`. Results: $SERVING_LOG_DIR/serving-results.jsonl.
+
+Every server runs over SGLang's hybrid-SWA pool (SWATokenToKVPoolAllocator + the SWA radix cache; checked
+in its log, the pool facts printed and reported as `pool_<name>`): the SWA pool is
+--swa-full-tokens-ratio 0.1 of the full pool by default; the decode-graph server uses 0.02 (2560 SWA
+tokens for 131072 full ones, below the prompts' total) so that SWA eviction and prefix hits on partly
+evicted prefixes run under CUDA graphs.
 """
 
 from __future__ import annotations
@@ -74,7 +80,22 @@ def _serve(path, *args, name):
     finally:
         server.stop()
     sh.write_report(f"raw_{name}", {"prompts": PROMPTS_HOLDER["p"], "first": first, "again": again})
+    pool = _swa_pool_facts(server.log_path.read_text(errors="replace"))
+    print(f"\n[{name}] {pool}")
+    sh.write_report(f"pool_{name}", pool)
+    assert pool["hybrid_swa"] and pool["swa_tokens"], pool  # the SWA pool is what the server ran on
     return first, again, server.startup_s
+
+
+def _swa_pool_facts(log: str) -> dict:
+    """What the server's log says about the pool: SGLang's tree cache kind, our pool line, the prefix hits."""
+    import re
+
+    m = re.search(r"ERNIE-5.5 KV pool: full_tokens=(\d+) swa_tokens=(\w+)", log)
+    cached = [int(c) for c in re.findall(r"Prefill batch.*?#cached-token: (\d+)", log)]
+    return {"hybrid_swa": "hybrid_swa=True" in log, "full_tokens": int(m.group(1)) if m else None,
+            "swa_tokens": int(m.group(2)) if m and m.group(2).isdigit() else None,
+            "max_cached_tokens": max(cached, default=0), "prefills_with_hits": sum(c > 0 for c in cached)}  # fmt: skip
 
 
 PROMPTS_HOLDER: dict = {}
@@ -133,7 +154,8 @@ def test_bf16_kv_group_identical_to_reference(ckpts, prompts):
 def test_bf16_kv_group_decode_cuda_graphs(ckpts, prompts):
     PROMPTS_HOLDER["p"] = prompts
     first, again, t = _serve(ckpts["bf16"], "--dtype", "float32", "--kv-cache-dtype", "bfloat16",
-                             "--cuda-graph-max-bs-decode", "16", name="bf16-f32-graph")  # fmt: skip
+                             "--cuda-graph-max-bs-decode", "16", "--swa-full-tokens-ratio", "0.02",
+                             name="bf16-f32-graph")  # fmt: skip
     eager = _results.get("eager")
     s, s_again = _scored(ckpts["bf16"], "bfloat16", False, prompts, first, again)
     _track("bf16_f32_graph", s, s_again, first, again, t)
