@@ -319,7 +319,10 @@ ERNIE55_FLAG_RULES: tuple[FlagRule, ...] = (
     FlagRule("`--attention-backend` (and `--prefill-`, `--decode-`, `--speculative-draft-attention-backend`)",
              "default `ernie55`; any other value: error"),
     FlagRule("`--page-size`", "default 256; any other value: error"),
-    FlagRule("`--swa-full-tokens-ratio`", "default 0.1; a given value is kept (SGLang checks (0, 1])"),
+    FlagRule("`--swa-full-tokens-ratio`",
+             "default 0.1; a given value is kept (SGLang checks (0, 1]); sizes the SWA pool of the HCA window "
+             "rows (SGLang refuses a pool below window + one page); `--disable-hybrid-swa-memory` keeps the "
+             "window for every token"),
     FlagRule("`--kv-cache-dtype` (and `--speculative-draft-kv-cache-dtype`)",
              "default / `auto` -> `fp8_e4m3` (logged; vLLM's `auto` means BF16); `bf16` -> `bfloat16` (logged); "
              "`fp8_e4m3`, `bfloat16` kept; vLLM's `fp8` and every other dtype: error naming the legal values "
