@@ -186,17 +186,21 @@ def test_twin_bf16_model_tracks_reference(cfg, ref, model_bf16, kv):
     assert (got.argmax(-1) == want.argmax(-1)).float().mean() > 0.85
 
 
-def test_padded_graph_rows_do_not_touch_live_state(cfg, model_fp32):
-    """A CUDA-graph padded decode row (req slot 0, out_cache_loc 0) writes only scratch rows."""
+@pytest.mark.parametrize("swa_pages", [None, 4])
+def test_padded_graph_rows_do_not_touch_live_state(cfg, model_fp32, swa_pages):
+    """A CUDA-graph padded decode row (req slot 0, out_cache_loc 0) writes only scratch rows: the padding
+    page of the window rows (full slot 0 -> SWA slot 0 with an SWA pool), the compressed scratch entry and
+    the scratch state slot."""
     from types import SimpleNamespace
 
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
     from sglang.srt.model_executor.forward_context import ForwardContext, set_forward_context
 
-    s = th.Session(model_fp32, cfg, torch.float32)
+    s = th.Session(model_fp32, cfg, torch.float32, swa_pages=swa_pages)
     s.extend([0], [_prompt(cfg, 70, 6)])
     snapshot = {lid: st.clone() for lid, st in s.pool.state.items()}
     cmp_before = {lid: c.data.clone() for lid, c in s.pool.cmp.items()}
+    win_before = {lid: w.data.clone() for lid, w in s.pool.win.items()}
     fb = SimpleNamespace(forward_mode=ForwardMode.DECODE, out_cache_loc=torch.tensor([0]),
                          req_pool_indices=torch.tensor([0]), seq_lens=torch.tensor([128]),
                          seq_lens_cpu=torch.tensor([128]), global_num_token_non_padded_cpu=None)  # fmt: skip
@@ -209,6 +213,8 @@ def test_padded_graph_rows_do_not_touch_live_state(cfg, model_fp32):
     for lid, st in s.pool.state.items():
         assert torch.equal(st[: s.pool.state_scratch], snapshot[lid][: s.pool.state_scratch])
         assert torch.equal(s.pool.cmp[lid].data[:-1], cmp_before[lid][:-1])
+        w = s.pool.win[lid].data
+        assert torch.equal(w[256:], win_before[lid][256:]) and not torch.equal(w[:256], win_before[lid][:256])
 
 
 @pytest.mark.slow
