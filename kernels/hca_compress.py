@@ -6,11 +6,19 @@ Formula (functional.hca_compress_block): for block j of a request, with rows t =
     cmp_j = RoPE_interleaved( RMSNorm( sum_t softmax_t(s_t + ape_t) * c_t ; norm_w, eps ), position 128 j )
 (softmax per channel over the 128 rows) and stored at the job's compressed slot in the pool's layout
 (kv_store's encoding). Row t comes from the batch (``kvs``) when position 128j+t >= the request's
-first new position, else from the request's state row t.
+first new position, else from the request's state.
+
+Open-block state (layout.hca_state_alloc): a request-scoped ring of ``ring = state.shape[1]`` rows,
+``ring = 128 * blocks``; token p's row is ring row ``p % ring``, so block j's rows sit at
+``(128 j) % ring + t``. One block (ring 128) without speculative decoding; two blocks (ring 256) with it:
+a verify of S+1 <= 4 rows that crosses a block boundary writes the next block's first rows into the other
+half, and ``hca_state_update`` keeps the rows of the last *two* blocks, so when the tokens past the
+boundary (or the one completing the block) are rejected, the next verify (which starts at the first
+rejected position) recomputes the block from intact rows and rewrites its entry at the same slot.
 
 Order per layer and batch: ``hca_compress_store`` (reads state rows of the blocks that complete),
-then ``hca_state_update`` (writes the rows of the block still open at the end of the batch).
-Reference: `kernels_ref.hca_compress_paged` (composes functional.hca_compress_block + pool_store).
+then ``hca_state_update`` (writes the rows of the last ``blocks`` blocks at the end of the batch).
+Reference: `kernels_ref.hca_compress_jobs` (composes functional.hca_compress_block).
 """
 
 from __future__ import annotations
@@ -32,7 +40,8 @@ def hca_compress_store(
 
     pool:   compressed pool, uint8 [pages, g.page_bytes]; g = hca_geometry(dtype, page_size=2).
     kvs:    fp32 [N, 2D] wkv_gate output of the batch's new tokens ([values | scores]), flat over requests.
-    state:  fp32 [req_slots, 128, 2D] (layout.hca_state_alloc), last dim contiguous.
+    state:  fp32 [req_slots, ring, 2D] (layout.hca_state_alloc), ring = 128 or 256, last dim contiguous;
+            block j's row t is read from ring row (128 j) % ring + t.
     ape:    fp32 [128, D] contiguous; norm_w fp32 [D]; cos, sin fp32 [max_pos, rope/2] (rope.cos_sin
             of arange(max_pos)), row-contiguous, covering position 128 * block.
     job_*:  int32/int64 [J]: request state slot, block index j, the request's first new position
@@ -46,8 +55,10 @@ def hca_compress_store(
     D, R = g.dim, HCA_COMPRESS_RATIO
     check(kvs.dim() == 2 and kvs.shape[1] == 2 * D and kvs.dtype == torch.float32 and kvs.stride(1) == 1,
           f"kvs: fp32 [N, {2 * D}] with contiguous last dim, got {kvs.dtype} {tuple(kvs.shape)}")  # fmt: skip
-    check(state.dim() == 3 and state.shape[1:] == (R, 2 * D) and state.dtype == torch.float32 and state.stride(2) == 1,
-          f"state: fp32 [slots, {R}, {2 * D}], got {state.dtype} {tuple(state.shape)}")  # fmt: skip
+    check(state.dim() == 3 and state.shape[1] in (R, 2 * R) and state.shape[2] == 2 * D
+          and state.dtype == torch.float32 and state.stride(2) == 1,
+          f"state: fp32 [slots, {R} or {2 * R} (ring of 1 or 2 blocks), {2 * D}], got {state.dtype} "
+          f"{tuple(state.shape)}")  # fmt: skip
     check(
         ape.shape == (R, D) and ape.dtype == torch.float32 and ape.is_contiguous(),
         f"ape: fp32 [{R}, {D}] contiguous",
@@ -71,7 +82,7 @@ def hca_compress_store(
         return
     hca_compress_kernel[(J,)](
         kvs, kvs.stride(0), state, state.stride(0), state.stride(1), ape, norm_w, cos, sin, cos.stride(0),
-        job_req_slot, job_block, job_ext_start, job_tok_start, job_out_slot, float(eps),
+        job_req_slot, job_block, job_ext_start, job_tok_start, job_out_slot, float(eps), state.shape[1],
         *pool_views(pool), a.page_size, a.page_bytes, a.data_stride, a.scale_base, a.scale_stride,
         D=D, ROPE=g.rope, RATIO=R, RB=16, KIND=a.kind, NOPE=a.nope, TILE=a.tile,
         SCALE_BYTES=g.scale_stride if a.kind == 1 else 0, num_warps=4,
@@ -85,15 +96,19 @@ def hca_state_update(
     req_slot: torch.Tensor,
     seq_lens: torch.Tensor,
 ) -> None:
-    """state[req_slot[i], positions[i] % 128] = kvs[i] for each new token i whose block is still open
-    at the end of the batch (positions[i] >= 128 * (seq_lens[i] // 128)); req_slot -1 skips.
+    """state[req_slot[i], positions[i] % ring] = kvs[i] for each new token i whose block is one of the
+    request's last ``blocks = ring // 128`` blocks at the end of the batch, i.e.
+    positions[i] >= 128 * (seq_lens[i] // 128 - blocks + 1) (ring 128: the open block; ring 256: the open
+    block and the one before it, which a rejected draft may need to recompute); req_slot -1 skips.
 
-    state fp32 [slots, 128, 2D]; kvs fp32 [N, 2D]; positions, req_slot, seq_lens int [N] (per token:
-    its position, its request's state slot, its request's sequence length after this batch)."""
+    state fp32 [slots, ring, 2D], ring = 128 or 256; kvs fp32 [N, 2D]; positions, req_slot, seq_lens int [N]
+    (per token: its position, its request's state slot, its request's sequence length after this batch).
+    Within one request the written positions span at most ``ring`` consecutive values (distinct rows)."""
     N = kvs.shape[0]
+    R = HCA_COMPRESS_RATIO
     check(
-        state.dim() == 3 and state.shape[1] == HCA_COMPRESS_RATIO and state.stride(2) == 1,
-        "state: [slots, 128, 2D]",
+        state.dim() == 3 and state.shape[1] in (R, 2 * R) and state.stride(2) == 1,
+        f"state: [slots, {R} or {2 * R} (ring of 1 or 2 blocks), 2D], got {tuple(state.shape)}",
     )
     check(kvs.shape == (N, state.shape[2]) and kvs.dtype == state.dtype == torch.float32 and kvs.stride(1) == 1,
           f"kvs: fp32 [N, {state.shape[2]}]")  # fmt: skip
@@ -107,7 +122,7 @@ def hca_state_update(
         return
     hca_state_update_kernel[(N,)](
         kvs, kvs.stride(0), state, state.stride(0), state.stride(1), positions, req_slot, seq_lens,
-        W=W, RATIO=HCA_COMPRESS_RATIO, num_warps=4,
+        W=W, RATIO=R, RING=state.shape[1], num_warps=4,
     )  # fmt: skip
 
 

@@ -35,7 +35,8 @@ Quantisation rules (the pure-torch twins are ``sglang_ernie55.reference.kernels_
 
 The pools a layer owns (HCA: SWA window pool + compressed pool; MLA-DSA: latent pool + indexer pool),
 and the open-block compression state (HCA, request-scoped, fp32 rows ``[values 512 | scores 512]``,
-``128`` rows per request slot) are described in docs/kv-layout.md.
+a ring of ``128 * blocks`` rows per request slot: one block, or two under speculative decoding) are
+described in docs/kv-layout.md.
 
 Geometry other than full size (tiny test configs): the encodings are parametrised by the head
 width and rope width (``hca_geometry`` / ``mla_geometry`` / ``idx_geometry``); the full-size values
@@ -179,10 +180,20 @@ assert mla_geometry("fp8").bytes_per_token == MLA_FP8_BYTES_PER_TOKEN
 assert idx_geometry("fp8").bytes_per_token == IDX_FP8_BYTES_PER_TOKEN
 
 # HCA open-block compression state: request-scoped ring, row = [values D | scores D] fp32.
-HCA_STATE_ROWS = HCA_COMPRESS_RATIO
+# Ring of `blocks` compression blocks: 1 without speculative decoding; 2 with it (a verify whose rows cross
+# a block boundary writes the next block's first rows into the other half, so the rows of the block it
+# completes survive when those tokens are rejected and the block is recomputed by the next verify).
+HCA_STATE_BLOCKS = 1
+HCA_STATE_BLOCKS_SPEC = 2
+HCA_STATE_ROWS = HCA_COMPRESS_RATIO  # rows of a one-block ring (ring rows = blocks * HCA_STATE_ROWS)
 
 
-def hca_state_alloc(num_req_slots: int, dim: int = HCA_HEAD_DIM, device=None) -> torch.Tensor:
-    """``[num_req_slots, 128, 2 * dim]`` fp32; row ``p % 128`` of a request holds token p's
-    ``wkv_gate`` output ``[values | scores]`` while p's block is open."""
-    return torch.zeros(num_req_slots, HCA_STATE_ROWS, 2 * dim, dtype=torch.float32, device=device)
+def hca_state_alloc(
+    num_req_slots: int, dim: int = HCA_HEAD_DIM, device=None, blocks: int = HCA_STATE_BLOCKS
+) -> torch.Tensor:
+    """``[num_req_slots, blocks * 128, 2 * dim]`` fp32; row ``p % (blocks * 128)`` of a request holds token
+    p's ``wkv_gate`` output ``[values | scores]`` while p's block is among the request's last ``blocks``
+    (the open one, and with two blocks also the one before it)."""
+    if blocks not in (HCA_STATE_BLOCKS, HCA_STATE_BLOCKS_SPEC):
+        raise ValueError(f"hca_state_alloc: blocks must be 1 or 2 (2 under speculative decoding), got {blocks}")
+    return torch.zeros(num_req_slots, blocks * HCA_STATE_ROWS, 2 * dim, dtype=torch.float32, device=device)

@@ -12,13 +12,14 @@ from .common import encode_store, token_rows
 @triton.jit
 def hca_compress_kernel(
     kvs_ptr, kvs_stride, state_ptr, state_stride_r, state_stride_t, ape_ptr, w_ptr, cos_ptr, sin_ptr, cs_stride,
-    job_slot_ptr, job_block_ptr, job_start_ptr, job_tok_ptr, job_out_ptr, eps,
+    job_slot_ptr, job_block_ptr, job_start_ptr, job_tok_ptr, job_out_ptr, eps, ring,
     u8_ptr, f8_ptr, bf_ptr, f32_ptr, page_size, page_bytes, data_stride, scale_base, scale_stride,
     D: tl.constexpr, ROPE: tl.constexpr, RATIO: tl.constexpr, RB: tl.constexpr,
     KIND: tl.constexpr, NOPE: tl.constexpr, TILE: tl.constexpr, SCALE_BYTES: tl.constexpr,
 ):  # fmt: skip
     """One program per job (one complete block). Channels are handled as even / odd halves so the
-    interleaved RoPE pairs (2i, 2i+1) sit in the same lane."""
+    interleaved RoPE pairs (2i, 2i+1) sit in the same lane. State rows of block j: ring rows
+    (RATIO * j) % ring + t (ring = 128 or 256 rows per request slot)."""
     jb = tl.program_id(0)
     out_slot = tl.load(job_out_ptr + jb).to(tl.int64)
     if out_slot < 0:
@@ -27,6 +28,7 @@ def hca_compress_kernel(
     blk = tl.load(job_block_ptr + jb).to(tl.int64)
     ext_start = tl.load(job_start_ptr + jb).to(tl.int64)
     tok0 = tl.load(job_tok_ptr + jb).to(tl.int64)
+    ring_base = (blk * RATIO) % ring
     HALF: tl.constexpr = D // 2
     i = tl.arange(0, HALF)
     ce = 2 * i
@@ -41,7 +43,7 @@ def hca_compress_kernel(
         pos = blk * RATIO + r
         new = pos >= ext_start
         nrow = kvs_ptr + (tok0 + pos - ext_start)[:, None] * kvs_stride
-        srow = state_ptr + rslot * state_stride_r + r[:, None].to(tl.int64) * state_stride_t
+        srow = state_ptr + rslot * state_stride_r + (ring_base + r[:, None]).to(tl.int64) * state_stride_t
         mn = new[:, None]
         ms = (~new)[:, None]
         c_e = tl.load(nrow + ce[None, :], mask=mn, other=0.0) + tl.load(
@@ -90,14 +92,15 @@ def hca_compress_kernel(
 @triton.jit
 def hca_state_update_kernel(
     kvs_ptr, kvs_stride, state_ptr, state_stride_r, state_stride_t, pos_ptr, slot_ptr, seqlen_ptr,
-    W: tl.constexpr, RATIO: tl.constexpr,
+    W: tl.constexpr, RATIO: tl.constexpr, RING: tl.constexpr,
 ):  # fmt: skip
+    """Token i's row into ring row p % RING when its block is one of the last RING // RATIO blocks."""
     i = tl.program_id(0).to(tl.int64)
     p = tl.load(pos_ptr + i).to(tl.int64)
     L = tl.load(seqlen_ptr + i).to(tl.int64)
     rs = tl.load(slot_ptr + i).to(tl.int64)
-    if (p < (L // RATIO) * RATIO) | (rs < 0):
+    if (p < (L // RATIO - (RING // RATIO - 1)) * RATIO) | (rs < 0):
         return
     c = tl.arange(0, W)
     v = tl.load(kvs_ptr + i * kvs_stride + c)
-    tl.store(state_ptr + rs * state_stride_r + (p % RATIO) * state_stride_t + c, v)
+    tl.store(state_ptr + rs * state_stride_r + (p % RING) * state_stride_t + c, v)

@@ -157,8 +157,9 @@ def hca_compress_jobs(
 ) -> torch.Tensor:  # fmt: skip
     """Compressed entries [J, D] fp32 (functional.hca_compress_block) of the jobs of
     kernels/hca_compress.py: row t of block j is kvs[tok_start + 128j + t - ext_start] when that
-    position >= ext_start, else state[req_slot, t]."""
+    position >= ext_start, else state[req_slot, (128 j) % ring + t] (ring = state.shape[1], 1 or 2 blocks)."""
     ratio, D = ape.shape
+    ring = state.shape[1]
     out = []
     for s, j, e, t0 in zip(
         job_req_slot.tolist(), job_block.tolist(), job_ext_start.tolist(), job_tok_start.tolist()
@@ -166,7 +167,7 @@ def hca_compress_jobs(
         rows = []
         for t in range(ratio):
             p = ratio * j + t
-            rows.append(kvs[t0 + p - e] if p >= e else state[s, t])
+            rows.append(kvs[t0 + p - e] if p >= e else state[s, p % ring])
         blk = torch.stack(rows).float()
         out.append(F.hca_compress_block(blk[:, :D], blk[:, D:], ape, norm_w, eps, j, inv_freq, rope_dim))
     return torch.stack(out) if out else kvs.new_zeros(0, D)
