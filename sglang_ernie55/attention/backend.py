@@ -1,8 +1,10 @@
 """The `ernie55` attention backend, stage 1: a torch twin over `Ernie55TokenToKVPool`.
 
 Extend (prefill, chunked prefill, prefix hits, mixed batches) runs per request in eager torch;
-decode is one fixed-shape program over the whole batch (masks, scratch rows for padded rows), so
-SGLang's decode CUDA graphs capture it. The math is the reference's (sglang_ernie55.reference):
+decode and speculative verify (TARGET_VERIFY: S+1 rows per request at positions L..L+S, L = seq_lens,
+causal among them, KV written at out_cache_loc) are one fixed-shape program over the batch's token rows
+(masks, scratch rows for padded rows), so SGLang's decode CUDA-graph runner captures both (it captures
+TARGET_VERIFY with S+1 tokens per request when the server speculates). The math is the reference's (sglang_ernie55.reference):
 HCA = raw window + compressed blocks + per-head sink (K = V); MLA-DSA = absorbed MLA over the
 top-`index_topk` keys of the lightning indexer (ties to the earlier position).
 
@@ -45,7 +47,10 @@ class ExtendMeta:
 
 @dataclass
 class DecodeMeta:
-    width: int  # key positions gathered per request (static under CUDA graphs)
+    """DECODE (one row per request) and TARGET_VERIFY (`per_req` rows per request)."""
+
+    width: int  # key positions gathered per row (static under CUDA graphs)
+    per_req: int = 1  # query rows per request: 1 (decode) or S+1 (verify)
 
 
 class Ernie55AttnBackend(AttentionBackend):
@@ -62,6 +67,7 @@ class Ernie55AttnBackend(AttentionBackend):
         self.req_to_token = model_runner.req_to_token_pool.req_to_token
         self.max_ctx = self.req_to_token.shape[1]
         self.page_size = pool.page_size
+        self.max_context_len = self.max_ctx  # read by SGLang's EAGLE verify-input builder
         self.W, self.ratio, self.topk = cfg.window_size, cfg.compress_ratio, cfg.index_topk
         self.meta: ExtendMeta | DecodeMeta | None = None
         self.hca_triton = hca_impl() == "triton" and not pool.dense
@@ -70,9 +76,27 @@ class Ernie55AttnBackend(AttentionBackend):
     def _round_width(self, n: int) -> int:
         return min(self.max_ctx, -(-max(n, 1) // self.ratio) * self.ratio)
 
+    def _verify_rows(self, forward_batch) -> int:
+        """S+1: the rows per request of a TARGET_VERIFY batch (SGLang's EagleVerifyInput.draft_token_num)."""
+        if self.pool.state_ring < 2 * self.ratio:
+            raise RuntimeError(
+                "ernie55 backend: TARGET_VERIFY needs the two-block open-block compression state (rejected drafts "
+                f"past a block boundary), but the pool keeps {self.pool.state_ring} rows per request; the pool "
+                "hook builds it with state_blocks=2 whenever --speculative-algorithm is set"
+            )
+        k = getattr(forward_batch.spec_info, "draft_token_num", None)
+        if not k:
+            raise ValueError("ernie55 backend: a TARGET_VERIFY batch without spec_info.draft_token_num")
+        return int(k)
+
     def init_forward_metadata(self, forward_batch) -> None:
         mode = forward_batch.forward_mode
-        if mode.is_decode_or_idle():
+        if mode.is_target_verify():
+            k = self._verify_rows(forward_batch)
+            lens = forward_batch.seq_lens_cpu
+            width = int(lens.max()) + k if lens is not None and len(lens) else self.max_ctx
+            self.meta = DecodeMeta(self._round_width(width), k)
+        elif mode.is_decode_or_idle():
             lens = forward_batch.seq_lens_cpu
             width = int(lens.max()) if lens is not None and len(lens) else self.max_ctx
             self.meta = DecodeMeta(self._round_width(width))
@@ -84,17 +108,24 @@ class Ernie55AttnBackend(AttentionBackend):
             )
         else:
             raise NotImplementedError(
-                f"ernie55 backend: forward mode {mode} (speculative decoding is a later stage)"
+                f"ernie55 backend: forward mode {mode} is not a target-model mode (the ECHO draft's own "
+                "backend, sglang_ernie55.speculative.backend, serves the draft's DRAFT_EXTEND_V2 and decode)"
             )
 
-    # CUDA graphs (decode): every op reads the runner's static buffers; the gather width is the full context.
+    # CUDA graphs (decode, and TARGET_VERIFY when speculating): every op reads the runner's static buffers
+    # (padded rows: req slot 0, out_cache_loc 0 = the padding page, seq_len 1); the gather width is the full
+    # context, so the captured program depends on nothing but the batch size.
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
         self.graph_width = self.max_ctx
 
     def init_forward_metadata_out_graph(self, forward_batch, in_capture: bool = False) -> None:
-        if not forward_batch.forward_mode.is_decode_or_idle():
-            raise NotImplementedError("ernie55 backend: CUDA graphs cover decode only")
-        self.meta = DecodeMeta(self.max_ctx)
+        mode = forward_batch.forward_mode
+        if mode.is_target_verify():
+            self.meta = DecodeMeta(self.max_ctx, self._verify_rows(forward_batch))
+        elif mode.is_decode_or_idle():
+            self.meta = DecodeMeta(self.max_ctx)
+        else:
+            raise NotImplementedError(f"ernie55 backend: CUDA graphs cover decode and target verify, not {mode}")
 
     def init_forward_metadata_in_graph(self, forward_batch) -> None:
         pass
@@ -102,8 +133,29 @@ class Ernie55AttnBackend(AttentionBackend):
     def get_cuda_graph_seq_len_fill_value(self) -> int:
         return 1
 
+    def update_verify_buffers_to_fill_after_draft(self, spec_info, cuda_graph_bs) -> None:
+        """Nothing to refill: verify metadata depends only on seq_lens, req_pool_indices and out_cache_loc,
+        not on the draft tokens, positions or a tree mask (chains only: causal rows, no custom mask)."""
+
+    def _token_rows(self, fb, T: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(request slot, position) of each of the T query rows: DECODE has one row per request at
+        seq_len - 1; TARGET_VERIFY has T / bs rows per request at seq_len .. seq_len + T / bs - 1 (SGLang's
+        seq_lens exclude the verified tokens). Static shapes, no host sync (CUDA-graph safe)."""
+        req, L = fb.req_pool_indices, fb.seq_lens
+        if not fb.forward_mode.is_target_verify():
+            return req, L - 1
+        bs = req.shape[0]
+        k = T // max(bs, 1)
+        if k * bs != T or k != self.meta.per_req:
+            raise ValueError(f"ernie55 backend: TARGET_VERIFY with {T} rows for {bs} requests, expected "
+                             f"{self.meta.per_req} rows each")  # fmt: skip
+        off = torch.arange(k, device=L.device, dtype=L.dtype)
+        return req.repeat_interleave(k), (L[:, None] + off[None, :]).reshape(-1)
+
     # ------------------------------------------------------------------ entry points
     def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache: bool = True, **kw):
+        if forward_batch.forward_mode.is_target_verify():  # SGLang routes verify here; it is a row program
+            return self.forward_decode(q, k, v, layer, forward_batch, save_kv_cache, **kw)
         if kw.get("ernie_kind") == "hca":
             return self._hca_extend(q, k.view(-1, k.shape[-1]), kw["cs"], kw["compressor"], kw["attn_sink"],
                                     layer, forward_batch)  # fmt: skip
@@ -129,19 +181,22 @@ class Ernie55AttnBackend(AttentionBackend):
         win.write(pool.window_loc(loc), kv)
         out = torch.empty(q.shape[0], q.shape[1], q.shape[2], dtype=torch.float32, device=q.device)
         m, off = self.meta, 0
+        ring = state.shape[1]  # token p's state row is p % ring (one block, or two when speculating)
         for req, P, E in zip(m.req, m.prefix, m.extend):
             L = P + E
-            # 1. open-block rows + new rows -> complete blocks -> compressed entries; new open block -> state
+            # 1. open-block rows + new rows -> complete blocks -> compressed entries; the rows of the last
+            #    ring // ratio blocks -> state (with two blocks a rejected draft can recompute the last one)
             start = (P // ratio) * ratio
-            rows = torch.cat([state[req, : P - start], cs[off : off + E]], 0)
+            old = torch.arange(start, P, device=q.device) % ring
+            rows = torch.cat([state[req, old], cs[off : off + E]], 0)
             b0, b1 = P // ratio, L // ratio
             if b1 > b0:
                 blk = rows[: (b1 - b0) * ratio].view(b1 - b0, ratio, -1)
                 bidx = torch.arange(b0, b1, device=q.device)
                 cmp.write(self._cmp_slots(torch.full_like(bidx, req), bidx), compressor.compress(blk, bidx))
-            tail = L % ratio
-            if tail and L - tail >= start:
-                state[req, :tail] = rows[rows.shape[0] - tail :]
+            keep = max(P, ratio * (L // ratio - ring // ratio + 1))
+            if keep < L:
+                state[req, torch.arange(keep, L, device=q.device) % ring] = rows[keep - start :]
             # 2. attention: raw window keys (from max(0, P-W+1)) + every complete block's entry
             ks = max(0, P - W + 1)
             keys_raw = win.read(pool.window_loc(self.req_to_token[req, ks:L]))
@@ -184,20 +239,27 @@ class Ernie55AttnBackend(AttentionBackend):
         return out
 
     def _hca_decode(self, q, kv, cs, compressor, sink, layer, fb):
+        """DECODE and TARGET_VERIFY rows. Every row's state row is written first, then every row that ends a
+        block compresses it from the state ring (verify rows of one request sit in distinct ring rows, and a
+        block's rows are not touched by the next block's: ring = 2 blocks when speculating), then attention.
+        A block completed by a row whose token is later rejected is recomputed, at the same slot, by the next
+        verify, which starts at the first rejected position, before any query reads it."""
         pool, lid, ratio, W = self.pool, layer.layer_id, self.ratio, self.W
         win, cmp, state = pool.win[lid], pool.cmp[lid], pool.state[lid]
-        loc, req, L = fb.out_cache_loc, fb.req_pool_indices, fb.seq_lens
+        loc = fb.out_cache_loc
         B, dev = q.shape[0], q.device
-        pos = L - 1
+        req, pos = self._token_rows(fb, B)
+        L = pos + 1  # keys visible to each row
         valid = loc >= self.page_size  # padded graph rows write to SGLang's padding page / our scratch rows
         win.write(pool.window_loc(loc), kv)  # full slot 0 (padding) -> SWA slot 0 (padding)
         slot = torch.where(valid, req, torch.full_like(req, pool.state_scratch))
-        row = pos % ratio
-        state[slot, row] = cs
-        done = valid & (row == ratio - 1)
-        entries = compressor.compress(state[slot], torch.div(pos, ratio, rounding_mode="floor"))
-        first = (pos - (ratio - 1)).clamp(min=0)
-        cslot = torch.where(done, torch.div(self.req_to_token[req, first], ratio, rounding_mode="floor"),
+        ring = state.shape[1]
+        state[slot, pos % ring] = cs
+        done = valid & (pos % ratio == ratio - 1)
+        blk = torch.div(pos, ratio, rounding_mode="floor")
+        rows = ((blk * ratio) % ring)[:, None] + torch.arange(ratio, device=dev)
+        entries = compressor.compress(state[slot[:, None], rows], blk)
+        cslot = torch.where(done, torch.div(self.req_to_token[req, blk * ratio], ratio, rounding_mode="floor"),
                             torch.full_like(req, pool.cmp_scratch))  # fmt: skip
         cmp.write(cslot, entries)
         # keys: window (W positions ending at pos) + compressed entries j < L // ratio
@@ -256,9 +318,12 @@ class Ernie55AttnBackend(AttentionBackend):
         return out
 
     def _mla_decode(self, q, kc, iq, iw, ik, layer, fb):
+        """DECODE and TARGET_VERIFY rows: row at position p sees positions 0..p of its request."""
         pool, lid = self.pool, layer.layer_id
         lat, idx = pool.latent[lid], pool.index_k[lid]
-        loc, req, L = fb.out_cache_loc, fb.req_pool_indices, fb.seq_lens
+        loc = fb.out_cache_loc
+        req, pos = self._token_rows(fb, q.shape[0])
+        L = pos + 1
         lat.write(loc, kc)
         idx.write(loc, ik)
         S, B, r = self.meta.width, q.shape[0], layer.v_head_dim

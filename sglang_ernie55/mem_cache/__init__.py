@@ -39,6 +39,7 @@ def _around_build_pool(original, self, *args, sizes, req_to_token_pool, **kwargs
     from sglang.srt.runtime_context import get_exec
 
     from .pool import Ernie55TokenToKVPool
+    from .sizing import state_blocks_for
 
     if self.is_draft_worker:
         raise NotImplementedError("sglang-ernie55: the ECHO draft's KV pool is a later stage")
@@ -57,6 +58,7 @@ def _around_build_pool(original, self, *args, sizes, req_to_token_pool, **kwargs
         device=self.device,
         enable_memory_saver=get_exec().features.enable_memory_saver,
         swa_size=sizes.swa_max_total_num_tokens if hybrid else None,
+        state_blocks=state_blocks_for(self.spec_algorithm),  # 2 under speculative decoding (rejected drafts)
     )
 
 

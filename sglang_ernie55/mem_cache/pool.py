@@ -5,7 +5,9 @@ full-pool slot `loc` and an SWA slot per token and registers its `full_to_swa_in
 
 Per HCA layer: window kv rows at the SWA slot `window_loc(loc)` (`swa_size + page_size` rows), compressed
 entries at `loc // ratio` (two per 256-token page, plus one scratch row), and the request-scoped open-block
-state `[req slot (+1 scratch), ratio, 2 * head_dim]` fp32. Per MLA-DSA layer: `[latent | k_pe]` and the
+state `[req slot (+1 scratch), state_blocks * ratio, 2 * head_dim]` fp32, a ring (token p at row
+`p % (state_blocks * ratio)`): one block, or two when the server runs speculative decoding (a rejected draft
+past a block boundary must not overwrite the rows of the block it would complete; kernels/layout.py). Per MLA-DSA layer: `[latent | k_pe]` and the
 indexer key at `loc`. Row 0 .. page_size-1 of every token-addressed buffer is SGLang's padding page (the
 SWA side too: padded CUDA-graph rows write full slot 0, which maps to SWA slot 0).
 
@@ -26,7 +28,14 @@ import torch
 from sglang.srt.mem_cache.base_swa_memory_pool import BaseSWAKVPool
 
 from ..configuration import LAYER_HCA
-from ..kernels.layout import KVLayout, hca_geometry, idx_geometry, mla_geometry
+from ..kernels.layout import (
+    HCA_STATE_BLOCKS,
+    HCA_STATE_BLOCKS_SPEC,
+    KVLayout,
+    hca_geometry,
+    idx_geometry,
+    mla_geometry,
+)
 from ..reference import kernels_ref as kref
 
 logger = logging.getLogger(__name__)
@@ -187,7 +196,8 @@ class Ernie55TokenToKVPool(SWAWindowAddressing, OwnRowsKVSurface, BaseSWAKVPool)
 
     def __init__(self, size: int, page_size: int, dtype: torch.dtype, config, num_req_slots: int, device: str,
                  enable_memory_saver: bool = False, start_layer: int | None = None,
-                 end_layer: int | None = None, swa_size: int | None = None) -> None:  # fmt: skip
+                 end_layer: int | None = None, swa_size: int | None = None,
+                 state_blocks: int = HCA_STATE_BLOCKS) -> None:  # fmt: skip
         super().__init__(size, page_size, dtype, config.num_hidden_layers, device, enable_memory_saver,
                          start_layer, end_layer)  # fmt: skip
         c = config
@@ -204,6 +214,11 @@ class Ernie55TokenToKVPool(SWAWindowAddressing, OwnRowsKVSurface, BaseSWAKVPool)
         # + one scratch entry (padded CUDA-graph rows write there), rounded up to whole compressed pages
         self.cmp_rows = -(-(self.token_rows // self.ratio + 1) // cmp_page) * cmp_page
         self.cmp_scratch = self.cmp_rows - 1
+        if state_blocks not in (HCA_STATE_BLOCKS, HCA_STATE_BLOCKS_SPEC):
+            raise ValueError(f"state_blocks must be {HCA_STATE_BLOCKS} or {HCA_STATE_BLOCKS_SPEC} (speculative), "
+                             f"got {state_blocks}")  # fmt: skip
+        self.state_blocks = state_blocks
+        self.state_ring = state_blocks * self.ratio  # rows per request slot; token p at row p % state_ring
         self.num_req_slots = num_req_slots
         self.state_scratch = num_req_slots  # + scratch slot
         self.win: dict = {}
@@ -220,7 +235,7 @@ class Ernie55TokenToKVPool(SWAWindowAddressing, OwnRowsKVSurface, BaseSWAKVPool)
                 else:
                     self.win[lid] = PackedRows(hca_geometry(kv, D, r, page_size), self.window_rows, device)
                     self.cmp[lid] = PackedRows(hca_geometry(kv, D, r, cmp_page), self.cmp_rows, device)
-                self.state[lid] = torch.zeros(num_req_slots + 1, self.ratio, 2 * D, dtype=torch.float32,
+                self.state[lid] = torch.zeros(num_req_slots + 1, self.state_ring, 2 * D, dtype=torch.float32,
                                               device=device)  # fmt: skip
             elif dense:
                 self.latent[lid] = DenseRows(self.token_rows, R + r, device)

@@ -10,7 +10,8 @@ ECHO draft's window rows when speculating). Bytes per full-pool token:
       + swa_ratio * draft_row
 
 (rows = page bytes / tokens per page of the kernels/layout.py geometries, page padding included). Fixed
-bytes: the open-block state, `(req_slots + 1) * n_hca * compress_ratio * 2 * head_dim * 4`. Without an SWA
+bytes: the open-block state, `(req_slots + 1) * n_hca * state_blocks * compress_ratio * 2 * head_dim * 4`
+(state_blocks 2 under speculative decoding: kernels/layout.py, docs/echo.md section 5.4). Without an SWA
 pool (`--disable-hybrid-swa-memory`) the window rows sit at every full slot: swa_ratio = 1.
 """
 
@@ -74,10 +75,19 @@ class KVBytes:
         return round(total)
 
 
-def kv_bytes(config, kv_dtype: str, page_size: int = 256, echo: bool = False) -> KVBytes:
+def state_blocks_for(spec_algorithm) -> int:
+    """Blocks of the HCA open-block state ring: 2 when the server verifies speculative drafts (any SGLang
+    `SpeculativeAlgorithm` other than NONE), else 1."""
+    from ..kernels.layout import HCA_STATE_BLOCKS, HCA_STATE_BLOCKS_SPEC
+
+    speculative = spec_algorithm is not None and not spec_algorithm.is_none()
+    return HCA_STATE_BLOCKS_SPEC if speculative else HCA_STATE_BLOCKS
+
+
+def kv_bytes(config, kv_dtype: str, page_size: int = 256, echo: bool = False, state_blocks: int = 1) -> KVBytes:
     """From the byte layouts of `sglang_ernie55.kernels.layout` at this config's widths; `echo` adds the ECHO
     draft's window row (the target's last layer: its window layout if HCA, its latent layout if MLA-DSA,
-    = `speculative.pool.echo_bytes_per_token`)."""
+    = `speculative.pool.echo_bytes_per_token`); `state_blocks` is the open-block state ring (`state_blocks_for`)."""
     from ..kernels.layout import hca_geometry, idx_geometry, mla_geometry
 
     c = config
@@ -94,7 +104,7 @@ def kv_bytes(config, kv_dtype: str, page_size: int = 256, echo: bool = False) ->
         cmp_row=per(hca_geometry(kv, D, r, page_size // c.compress_ratio)),
         latent_row=latent_row,
         index_row=per(idx_geometry(kv, c.index_head_dim, page_size)),
-        state_per_slot=n_hca * c.compress_ratio * 2 * D * 4,
+        state_per_slot=n_hca * state_blocks * c.compress_ratio * 2 * D * 4,
         n_hca=n_hca, n_mla=n_mla, ratio=c.compress_ratio, draft_row=draft_row,
     )  # fmt: skip
 
@@ -126,9 +136,8 @@ def _make_configurator():
         def __init__(self, kvc):
             spec = getattr(kvc, "spec_algorithm", None)
             speculating = spec is not None and not spec.is_none() and not kvc.is_draft_worker
-            self.bytes = kv_bytes(
-                kvc.model_config.hf_config, kvc.kv_cache_dtype_str or str(kvc.kv_cache_dtype), echo=speculating
-            )
+            self.bytes = kv_bytes(kvc.model_config.hf_config, kvc.kv_cache_dtype_str or str(kvc.kv_cache_dtype),
+                                  echo=speculating, state_blocks=state_blocks_for(spec))  # fmt: skip
             self.hybrid = bool(kvc.is_hybrid_swa)
             self.swa_ratio = float(get_schedule().swa_full_tokens_ratio) if self.hybrid else 1.0
             self.sliding_window_size = kvc.sliding_window_size

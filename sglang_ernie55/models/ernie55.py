@@ -125,8 +125,21 @@ class Ernie5_5_MoeForCausalLM(nn.Module):
     def forward(
         self, input_ids, positions, forward_batch, input_embeds=None, pp_proxy_tensors=None, **kwargs
     ):
-        hidden, _streams = self.model(input_ids, positions, forward_batch, input_embeds)
-        return self.logits_processor(input_ids, hidden, self.lm_head, forward_batch)
+        hidden, streams = self.model(input_ids, positions, forward_batch, input_embeds)
+        return self.logits_processor(input_ids, hidden, self.lm_head, forward_batch,
+                                     hidden_states_before_norm=self.captured_streams(streams, hidden, forward_batch))  # fmt: skip
+
+    @staticmethod
+    def captured_streams(streams: torch.Tensor, hidden: torch.Tensor, forward_batch) -> torch.Tensor | None:
+        """What ECHO consumes (docs/echo.md section 5.1): the pre-hc_head residual streams [T, n*H] in the model
+        dtype (EAGLE's hidden-state buffers are allocated in it; spec_hidden_size = n*H), handed to the logits
+        processor as `hidden_states_before_norm`, which it returns in place of the normed hidden state whenever
+        it captures (EAGLE: CaptureHiddenMode.FULL for prefill and verify). None when nothing is captured, so
+        a plain prefill does not materialise a second [T, n*H] copy."""
+        mode = getattr(forward_batch, "capture_hidden_mode", None)
+        if mode is None or not mode.need_capture():
+            return None
+        return streams.flatten(1).to(hidden.dtype)
 
     # ------------------------------------------------------------------------------------ weights
     def checkpoint_to_param(self, name: str) -> tuple[str, tuple | None]:

@@ -69,16 +69,17 @@ def torch_experts(model) -> None:
 
 
 class Session:
-    """Pool + backend + a page allocator; `extend` / `decode` return fp32 logits of the new tokens.
+    """Pool + backend + a page allocator; `extend` / `decode` / `verify` return fp32 logits of the new tokens.
 
     `swa_pages=None`: window rows at the full slots (the pool without an SWA pool) and a simple in-order
     page allocator. `swa_pages=N`: the hybrid pool with an N-page SWA pool, allocated by SGLang's own
     `SWATokenToKVPoolAllocator` (full + SWA pages in step, `full_to_swa_index_mapping` registered with the
-    pool); `evict_swa` frees a request's out-of-window SWA pages as SGLang's scheduler does."""
+    pool); `evict_swa` frees a request's out-of-window SWA pages as SGLang's scheduler does.
+    `state_blocks=2` builds the pool as a speculative server does (two-block open-block state ring)."""
 
     def __init__(
         self, model, cfg, kv_dtype: torch.dtype, num_pages: int = 64, max_ctx: int = 4096, slots: int = 8,
-        swa_pages: int | None = None,
+        swa_pages: int | None = None, state_blocks: int = 1,
     ):  # fmt: skip
         from sglang_ernie55.attention.backend import Ernie55AttnBackend
         from sglang_ernie55.mem_cache.pool import Ernie55TokenToKVPool
@@ -87,7 +88,7 @@ class Session:
         size = num_pages * self.page
         swa = None if swa_pages is None else swa_pages * self.page
         self.pool = Ernie55TokenToKVPool(size, self.page, kv_dtype, cfg, num_req_slots=slots, device="cpu",
-                                         swa_size=swa)  # fmt: skip
+                                         swa_size=swa, state_blocks=state_blocks)  # fmt: skip
         self.req_to_token = torch.zeros(slots, max_ctx, dtype=torch.int32)
         self.allocator = None
         if swa is not None:
@@ -101,27 +102,34 @@ class Session:
         self.free_pages = list(range(1, num_pages + 1))
         self.lens = [0] * slots
         self.swa_evicted = [0] * slots  # SGLang's per-request swa_evicted_seqlen
+        self.mapped = [0] * slots  # positions < mapped[req] have slots (kept across rejected drafts)
 
     def alloc_tokens(self, req: int, n: int, decode: bool = False) -> torch.Tensor:
-        """Slots for positions lens[req] .. +n, paging like SGLang (new page whenever a page boundary is crossed)."""
+        """Slots for positions lens[req] .. +n, paging like SGLang (a new page whenever a page boundary is first
+        crossed). Positions that already have slots (written by a verify whose drafts were rejected) keep them;
+        only positions >= mapped[req] are allocated."""
         P = self.lens[req]
+        M = max(P, self.mapped[req])
         if self.allocator is not None:
-            last = self.req_to_token[req, P - 1 : P].long() if P else torch.tensor([-1])
-            pre, seq = torch.tensor([P]), torch.tensor([P + n])
-            if decode:
-                assert n == 1
-                loc = self.allocator.alloc_decode(seq, seq, last)
-            else:
-                loc = self.allocator.alloc_extend(pre, pre, seq, seq, last, n)
-            if loc is None:
-                raise RuntimeError(f"SGLang's SWA allocator is out of pages (req {req}, {n} tokens at {P})")
-            self.req_to_token[req, P : P + n] = loc.to(torch.int32)
-            return loc.long()
+            k = P + n - M
+            if k > 0:
+                last = self.req_to_token[req, M - 1 : M].long() if M else torch.tensor([-1])
+                pre, seq = torch.tensor([M]), torch.tensor([M + k])
+                if decode and k == 1:
+                    loc = self.allocator.alloc_decode(seq, seq, last)
+                else:
+                    loc = self.allocator.alloc_extend(pre, pre, seq, seq, last, k)
+                if loc is None:
+                    raise RuntimeError(f"SGLang's SWA allocator is out of pages (req {req}, {k} tokens at {M})")
+                self.req_to_token[req, M : M + k] = loc.to(torch.int32)
+                self.mapped[req] = M + k
+            return self.req_to_token[req, P : P + n].long()
         locs = []
         for p in range(P, P + n):
-            if p % self.page == 0:
+            if p % self.page == 0 and p >= self.mapped[req]:
                 pg = self.free_pages.pop(0)
                 self.req_to_token[req, p : p + self.page] = torch.arange(pg * self.page, (pg + 1) * self.page)
+                self.mapped[req] = p + self.page
             locs.append(int(self.req_to_token[req, p]))
         return torch.tensor(locs, dtype=torch.int64)
 
@@ -129,7 +137,7 @@ class Session:
         """A radix-cache hit: request `dst` starts with `n` (page-aligned) tokens of `src`'s pages."""
         assert n % self.page == 0
         self.req_to_token[dst, :n] = self.req_to_token[src, :n]
-        self.lens[dst] = n
+        self.lens[dst] = self.mapped[dst] = n
 
     def evict_swa(self, req: int) -> list[int]:
         """SGLang's out-of-window SWA eviction for a running request with a prefix-sharing cache
@@ -151,13 +159,13 @@ class Session:
     def release(self, req: int) -> None:
         """A finished / aborted / retracted request's slots go back (SGLang's release without caching:
         full pages, and the SWA pages not already evicted)."""
-        L, lo = self.lens[req], self.swa_evicted[req]
+        L, lo = max(self.lens[req], self.mapped[req]), self.swa_evicted[req]  # incl. rejected-draft slots
         if self.allocator is not None:
             slots = self.req_to_token[req, :L].long()
             if lo:
                 self.allocator.free_full(slots[:lo])
             self.allocator.free(slots[lo:])
-        self.lens[req] = self.swa_evicted[req] = 0
+        self.lens[req] = self.swa_evicted[req] = self.mapped[req] = 0
 
     @torch.no_grad()
     def _run(self, mode, reqs, ids_list, extend: bool):
@@ -195,3 +203,52 @@ class Session:
         from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
         return self._run(ForwardMode.DECODE, reqs, [[i] for i in ids], False)
+
+    @torch.no_grad()
+    def verify(self, reqs, ids_list, pad_to: int | None = None, graph: bool = False):
+        """TARGET_VERIFY as SGLang's EAGLE v2 worker runs it: k = len(ids) rows per request (the bonus token
+        and S = k - 1 drafts) at positions lens .. lens + k - 1, with `seq_lens` = the committed lens (the verify
+        does not advance them: `accept` does). `pad_to` appends CUDA-graph padded requests as the decode graph
+        runner fills them (req slot 0, out_cache_loc 0, seq_len 1 = the backend's fill value, position 0);
+        `graph` builds the metadata as the graph runner does (init_forward_metadata_out_graph, static width).
+        The forward is the model class's own (`Ernie5_5_MoeForCausalLM.forward`, SGLang's LogitsProcessor) on a
+        real `ForwardBatch` with CaptureHiddenMode.FULL, as EAGLE verifies. Returns the fp32 logits of the real
+        rows [len(reqs) * k, V] and the hidden states the logits processor captured for the draft (the
+        pre-hc_head streams, [len(reqs) * k, n * H])."""
+        from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch, ForwardMode
+        from sglang.srt.model_executor.forward_context import ForwardContext, set_forward_context
+
+        k = len(ids_list[0])
+        assert all(len(i) == k for i in ids_list)
+        locs = [self.alloc_tokens(r, k) for r in reqs]
+        pos = [torch.arange(self.lens[r], self.lens[r] + k) for r in reqs]
+        lens, req_idx, ids = [self.lens[r] for r in reqs], list(reqs), [torch.as_tensor(i) for i in ids_list]
+        for _ in range(len(reqs), pad_to or len(reqs)):
+            locs.append(torch.zeros(k, dtype=torch.int64))
+            pos.append(torch.zeros(k, dtype=torch.int64))
+            lens.append(self.backend.get_cuda_graph_seq_len_fill_value())
+            req_idx.append(0)
+            ids.append(torch.zeros(k, dtype=torch.int64))
+        seq = torch.tensor(lens)
+        fb = ForwardBatch(
+            forward_mode=ForwardMode.TARGET_VERIFY, batch_size=len(req_idx), input_ids=torch.cat(ids),
+            req_pool_indices=torch.tensor(req_idx), seq_lens=seq, out_cache_loc=torch.cat(locs),
+            seq_lens_sum=int(seq.sum()), seq_lens_cpu=seq, positions=torch.cat(pos),
+            capture_hidden_mode=CaptureHiddenMode.FULL, spec_info=SimpleNamespace(draft_token_num=k),
+        )  # fmt: skip
+        if graph:
+            self.backend.init_forward_metadata_out_graph(fb)
+            self.backend.init_forward_metadata_in_graph(fb)
+        else:
+            self.backend.init_forward_metadata(fb)
+        prev = set_forward_context(ForwardContext(attn_backend=self.backend))
+        try:
+            out = self.model.forward(fb.input_ids, fb.positions, fb)
+        finally:
+            set_forward_context(prev)
+        n = len(reqs) * k
+        return out.next_token_logits[:n].float(), out.hidden_states[:n]
+
+    def accept(self, req: int, n: int) -> None:
+        """After a verify: the bonus token and n - 1 drafts are committed (SGLang's accept length)."""
+        self.lens[req] += n
