@@ -20,8 +20,9 @@ The budget of one GPU (every number in 10^9-byte GB, GPU memory as the vendor st
   chunk x context x 4 bytes (the chunk per attention-DP rank: SGLang divides --chunked-prefill-size by it) (8192 x 131072 -> 4.3 GB; 8192 x 1M -> 34 GB; this is what makes 1M
   contexts expensive, not the KV).
 - request state: the HCA open-block compressor state, fp32 [compress_ratio, 2 x head_dim] per HCA
-  layer per request slot (~19 MB per running request at full size), for `max-running-requests`
-  slots per attention-DP rank.
+  layer per request slot (~19 MB per running request at full size; twice that with
+  `--speculative-algorithm`: a two-block ring, so rejected drafts can recompute a block), for
+  `max-running-requests` slots per attention-DP rank.
 - KV pool: the rest. Per token, one "full" pool (MLA-DSA latent + rope and indexer key on every
   MLA-DSA layer; one compressed HCA entry per `compress_ratio` tokens on every HCA layer) plus the
   SWA window pool at `--swa-full-tokens-ratio` (0.1) of the full pool's tokens (HCA window on every
@@ -270,9 +271,11 @@ def pool_bytes_per_token(
     return {"full": full, "swa": b.per_swa_token(), "per_token": b.per_full_token(swa_ratio)}
 
 
-def request_state_bytes(cfg) -> float:
-    """HCA open-block compressor state per request slot: fp32 [compress_ratio, 2 * head_dim] per HCA layer."""
-    return len(cfg.hca_layer_ids) * cfg.compress_ratio * 2 * cfg.head_dim * 4.0
+def request_state_bytes(cfg, speculative: bool = False) -> float:
+    """HCA open-block compressor state per request slot: fp32 [compress_ratio, 2 * head_dim] per HCA layer,
+    two blocks of it under speculative decoding (the pool's ring, sglang_ernie55.mem_cache.sizing)."""
+    blocks = 2 if speculative else 1
+    return len(cfg.hca_layer_ids) * blocks * cfg.compress_ratio * 2 * cfg.head_dim * 4.0
 
 
 # ------------------------------------------------------------------------------------------ plan
@@ -352,7 +355,7 @@ def plan(cfg, layout: Layout) -> Plan:
     reserve = RESERVE_FRACTION * hbm
     scratch = L.prefill_chunk_per_rank * L.context_length / max(1, L.attn_cp) * 4.0
     slots = L.requests_per_rank or 0
-    state = slots * request_state_bytes(cfg) / L.pp
+    state = slots * request_state_bytes(cfg, L.speculative) / L.pp
     kv_pool = hbm - sum(weights.values()) - reserve - scratch - state
     kv = kv_bytes_per_token(cfg, L.kv_cache_dtype)
     per_tok = pool_bytes_per_token(

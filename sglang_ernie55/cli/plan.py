@@ -34,7 +34,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
       - prefill scratch: the DSA indexer's fp32 scores of one chunk against the context,
         chunk per attention-DP rank x context x 4 B.
       - request state: the HCA compressor's open block, fp32 [128, 1024] per HCA layer per running
-        request (~19 MB at full size).
+        request (~19 MB at full size; two blocks, ~39 MB, with --speculative-algorithm).
       - KV pool: the rest, at the layouts of sglang_ernie55.kernels.layout with their page padding,
         the serving pool's own numbers (FP8: MLA-DSA 656 B + indexer 132 B per token, HCA 585 B per
         window token and 864 B per compressed entry; BF16: 1152 + 256, 1024 and 1024); SWA window pool

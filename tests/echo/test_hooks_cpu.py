@@ -264,3 +264,38 @@ def test_draft_runner_backend_is_the_echo_backend(hooks):
     got = hooks.around_build_resolved_backend(lambda **kw: "sglang's", model_runner=target, resolved=None,
                                               init_new_workspace=False)  # fmt: skip
     assert got == "sglang's"
+
+
+@pytest.mark.parametrize("algo", ["NONE", "EAGLE"])
+def test_target_pool_and_sizing_under_speculation(hooks, monkeypatch, algo):
+    """The patched configurator factory and target-pool builder (SGLang's own entry points) for an ERNIE-5.5
+    target: with EAGLE the budget reserves the ECHO draft's row per token and the pool keeps the two-block
+    open-block state ring (rejected drafts); without speculation neither."""
+    from sglang.srt.mem_cache.kv_cache_configurator import KVCacheConfigurator
+    from sglang.srt.model_executor import pool_configurator as pc
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    from sglang_ernie55.mem_cache.pool import Ernie55TokenToKVPool
+    from sglang_ernie55.speculative.pool import echo_bytes_per_token
+
+    monkeypatch.setattr("sglang.srt.runtime_context.get_exec",
+                        lambda: SimpleNamespace(features=SimpleNamespace(enable_memory_saver=False)))  # fmt: skip
+    monkeypatch.setattr("sglang.srt.runtime_context.get_schedule", lambda: SimpleNamespace(max_running_requests=4))
+    monkeypatch.setattr("sglang.srt.runtime_context.get_spec",
+                        lambda: SimpleNamespace(speculative_draft_kv_cache_dtype=None))  # fmt: skip
+    cfg = tiny_config()
+    spec = SpeculativeAlgorithm.from_string(algo)
+    kvc = SimpleNamespace(is_draft_worker=False, model_config=SimpleNamespace(hf_config=cfg), pool_page_size=256,
+                          kv_cache_dtype=torch.bfloat16, kv_cache_dtype_str="bfloat16", device="cpu",
+                          spec_algorithm=spec)  # fmt: skip
+    conf = pc.create_memory_pool_configurator(kvc)
+    assert type(conf).__name__ == "Ernie55PoolConfigurator"
+    speculating = algo == "EAGLE"
+    assert conf.bytes.draft_row == (echo_bytes_per_token(cfg, torch.bfloat16) if speculating else 0)
+    blocks = 2 if speculating else 1
+    assert conf.bytes.state_per_slot == 3 * blocks * cfg.compress_ratio * 2 * cfg.head_dim * 4  # 3 HCA layers
+    pool = KVCacheConfigurator._build_token_to_kv_pool(
+        kvc, sizes=SimpleNamespace(max_total_num_tokens=1024), is_dsa_model=False, is_dsv4_model=False,
+        req_to_token_pool=SimpleNamespace(req_to_token=torch.zeros(4, 1024, dtype=torch.int32)),
+    )  # fmt: skip
+    assert isinstance(pool, Ernie55TokenToKVPool) and pool.state_ring == blocks * cfg.compress_ratio

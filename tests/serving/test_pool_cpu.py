@@ -31,17 +31,22 @@ def test_full_size_bytes_per_token():
     assert echo.per_full_token(0.1) - at_01 == pytest.approx(0.1 * 585)
 
 
+@pytest.mark.parametrize("blocks", [1, 2])
 @pytest.mark.parametrize("kv", ["fp8_e4m3", "bfloat16"])
 @pytest.mark.parametrize("swa_pages", [None, 2])
-def test_pool_allocation_matches_sizing(kv, swa_pages):
+def test_pool_allocation_matches_sizing(kv, swa_pages, blocks):
     """The pool allocates exactly `KVBytes.allocated`: window rows at the SWA pool's size (+ padding page)
-    in hybrid mode, at every full slot without an SWA pool; everything else at the full pool's size."""
+    in hybrid mode, at every full slot without an SWA pool; everything else at the full pool's size; the
+    open-block state ring of 1 or 2 blocks (speculative decoding)."""
     cfg = tiny_config()
     dtype = torch.float8_e4m3fn if kv == "fp8_e4m3" else torch.bfloat16
     size, slots = 4 * PAGE, 5
     swa = None if swa_pages is None else swa_pages * PAGE
-    pool = Ernie55TokenToKVPool(size, PAGE, dtype, cfg, num_req_slots=slots, device="cpu", swa_size=swa)
-    b = kv_bytes(cfg, kv)
+    pool = Ernie55TokenToKVPool(size, PAGE, dtype, cfg, num_req_slots=slots, device="cpu", swa_size=swa,
+                                state_blocks=blocks)  # fmt: skip
+    assert pool.state_ring == blocks * cfg.compress_ratio
+    assert all(st.shape == (slots + 1, blocks * cfg.compress_ratio, 2 * cfg.head_dim) for st in pool.state.values())
+    b = kv_bytes(cfg, kv, state_blocks=blocks)
     rows = size + PAGE
     cmp_pages = -(-(rows // 128 + 1) // 2)
     win_rows = (swa or size) + PAGE
@@ -51,6 +56,20 @@ def test_pool_allocation_matches_sizing(kv, swa_pages):
     assert pool.window_rows == win_rows and pool.is_hybrid_swa == (swa is not None)
     assert all(w.rows == win_rows for w in pool.win.values())
     assert pool.cmp_scratch == pool.cmp_rows - 1 >= rows // 128
+
+
+def test_speculative_sizing_reserves_the_draft_and_the_second_state_block():
+    """Under EAGLE (ECHO) each SWA token also holds the draft pool's row (the full model: the V4 window
+    layout, 585 B/token in fp8), and the fixed state per request slot doubles (the two-block ring)."""
+    from sglang_ernie55.speculative.pool import echo_bytes_per_token
+
+    full = Ernie55Config()
+    plain, spec = kv_bytes(full, "fp8_e4m3"), kv_bytes(full, "fp8_e4m3", echo=True, state_blocks=2)
+    assert spec.draft_row == echo_bytes_per_token(full, torch.float8_e4m3fn) == 149_760 / 256
+    assert spec.per_swa_token() == pytest.approx(plain.per_swa_token() + 149_760 / 256)
+    assert spec.state_per_slot == 2 * plain.state_per_slot == 2 * 37 * 128 * 2 * 512 * 4
+    with pytest.raises(ValueError, match="1 or 2"):
+        Ernie55TokenToKVPool(256, 256, torch.bfloat16, tiny_config(), num_req_slots=1, device="cpu", state_blocks=3)
 
 
 def test_pool_tokens_fit_budget_and_align():
