@@ -23,7 +23,6 @@ Run (device command, carrying [".gpu"]):  bash scripts/gpu-suite.sh tests/echo -
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 import re
@@ -38,6 +37,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "serving"))
 import server_harness as sh  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import echo_checks  # noqa: E402
 
 from sglang_ernie55.configuration import tiny_config  # noqa: E402
 
@@ -202,42 +204,9 @@ def test_echo_greedy_identical_and_recorded(ckpt, steps, prompts, cfg, tmp_path)
         # every draft accepted: completion / verify rounds = steps + 1 up to the clipped last round
         assert min(a for a in accept if a) >= steps + 0.5, accept
     # 4. the server's draft path against the reference (prefill draft-extends that start at position 0)
-    _check_draft_dumps(path, dump, cfg)
+    _check_draft_dumps(path, dump, cfg, prompts)
 
 
-@torch.no_grad()
-def _check_draft_dumps(path, dump, cfg):
-    _, ref = sh.load_reference(path, "cuda")
-    n, H = cfg.hc_mult, cfg.hidden_size
-    checked, agree, rows = 0, 0, 0
-    for f in sorted(glob.glob(str(dump / "*.pt"))):
-        d = torch.load(f)
-        lens = d["extend_seq_lens"]
-        if lens is None:
-            continue
-        off = 0
-        for L in lens:
-            pos = d["positions"][off : off + L]
-            if int(pos[0]) != 0:
-                off += L
-                continue
-            ids = d["input_ids"][off : off + L].cuda()
-            s_in = d["streams_in"][off : off + L].float().cuda().view(L, n, H)
-            prompt = torch.cat([torch.tensor([cfg.bos_token_id], device="cuda"), ids[:-1]])
-            with sh.kv_rounded_reference():  # the pool's bf16 rounding (DSA top-k near-ties follow it)
-                want_streams = ref.forward(prompt).streams
-            cos_s = torch.nn.functional.cosine_similarity(s_in.flatten(1), want_streams.flatten(1), dim=-1)
-            assert cos_s.median() >= 0.9999 and cos_s.min() >= 0.99, (
-                f"target streams handed to the draft differ: median {cos_s.median()}, min {cos_s.min()}"
-            )
-            want = ref.echo_forward(s_in, ids).logits
-            got = d["hidden"][off : off + L].float().cuda() @ ref.lm_head.weight.float().t()
-            cos = torch.nn.functional.cosine_similarity(got, want, dim=-1)
-            assert cos.min() >= 0.9999, f"draft logits differ from the reference: {cos.min()}"
-            agree += int((got.argmax(-1) == want.argmax(-1)).sum())
-            rows += L
-            checked += 1
-            off += L
-    assert checked >= 5, f"only {checked} prefill draft-extends dumped"
-    assert agree >= 0.99 * rows, (agree, rows)
-    record(check="draft_logits_vs_reference", requests=checked, rows=rows, top1_agree=agree / rows)
+def _check_draft_dumps(path, dump, cfg, prompts):
+    stats = echo_checks.check_draft_dumps(path, dump, cfg, "cuda", prompts, min_requests=5)
+    record(check="draft_logits_vs_reference", **stats)

@@ -1,0 +1,33 @@
+"""Test-only (tests/echo/test_echo_server_cpu.py puts this folder on the CPU server's PYTHONPATH).
+
+SGLang 0.5.23 builds and verifies EAGLE trees on a CPU device only through sgl-kernel's CPU ops
+(`build_tree_kernel_efficient_cpu`, `verify_tree_greedy_cpu`, behind SGLANG_USE_CPU_ENGINE=1), which the
+installed sglang-kernel wheel does not carry; without them `spec_tree.build_tree_kernel_efficient_func`
+reaches an undefined CUDA symbol. SGLang also ships Triton versions of both (its XPU path): this routes
+`sglang.kernels.ops.speculative.spec_tree` to them (run by Triton's interpreter, TRITON_INTERPRET=1), and
+nothing else. Every other piece of the EAGLE round is SGLang's own code."""
+
+import importlib.abc
+import importlib.util
+import sys
+
+_TARGET = "sglang.kernels.ops.speculative.spec_tree"
+
+
+class _RouteSpecTreeToTriton(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name != _TARGET:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            module._is_xpu = True  # the Triton tree build / greedy verify (read at call time)
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+sys.meta_path.insert(0, _RouteSpecTreeToTriton())

@@ -1,0 +1,76 @@
+"""Checks shared by the ECHO server suites (tests/echo/test_echo_server_cpu.py on CPU, test_echo_gpu.py on the
+H200): the server's draft path, dumped by `SGLANG_ERNIE55_ECHO_DUMP_DIR`, against the reference; requests
+through /generate with the speculative counters of meta_info."""
+
+from __future__ import annotations
+
+import glob
+import sys
+from pathlib import Path
+
+import requests
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "serving"))
+import server_harness as sh  # noqa: E402
+
+
+def generate(server, prompt: list[int], max_new: int) -> dict:
+    """Greedy /generate: tokens, their logprobs and meta_info (spec_verify_ct, spec_accept_length, ...)."""
+    body = {"input_ids": prompt, "return_logprob": True,
+            "sampling_params": {"temperature": 0, "max_new_tokens": max_new, "ignore_eos": True}}  # fmt: skip
+    r = requests.post(server.url + "/generate", json=body, timeout=900)
+    if r.status_code != 200:
+        raise RuntimeError(f"/generate {r.status_code}: {r.text[:500]}\n{server.tail()}")
+    out = r.json()
+    meta = out["meta_info"]
+    lps = [x[0] for x in meta.get("output_token_logprobs") or []]
+    return {"tokens": out["output_ids"], "logprobs": lps, "meta": meta}
+
+
+@torch.no_grad()
+def check_draft_dumps(path, dump, cfg, device: str, prompts, min_requests: int) -> dict:
+    """Every dumped prefill draft-extend of one of `prompts` (a whole prompt from position 0; the server's own
+    warm-up and health requests are skipped): the target streams handed to the draft
+    equal the reference's pre-hc_head streams of the prompt (bf16-KV-rounded reference; per-row cosine
+    median >= 0.9999, min >= 0.99), and the draft logits computed from those streams equal the reference's
+    `echo_forward` (cosine >= 0.9999 per row; top-1 agreement >= 99%). Returns the counts."""
+    _, ref = sh.load_reference(path, device)
+    n, H = cfg.hc_mult, cfg.hidden_size
+    checked, agree, rows = 0, 0, 0
+    for f in sorted(glob.glob(str(Path(dump) / "*.pt"))):
+        d = torch.load(f)
+        lens = d["extend_seq_lens"]
+        if lens is None:
+            continue
+        off = 0
+        for L in lens:
+            pos = d["positions"][off : off + L]
+            if int(pos[0]) != 0:
+                off += L
+                continue
+            ids = d["input_ids"][off : off + L].to(device)
+            # draft entry i holds token i+1: the prompt shifted by one, the first generated token last
+            match = [p for p in prompts if len(p) == L and p[1:] == ids[:-1].tolist()]
+            if not match:
+                off += L
+                continue
+            s_in = d["streams_in"][off : off + L].float().to(device).view(L, n, H)
+            prompt = torch.tensor(match[0], device=device)
+            with sh.kv_rounded_reference():  # the pool's bf16 rounding (DSA top-k near-ties follow it)
+                want_streams = ref.forward(prompt).streams
+            cos_s = torch.nn.functional.cosine_similarity(s_in.flatten(1), want_streams.flatten(1), dim=-1)
+            assert cos_s.median() >= 0.9999 and cos_s.min() >= 0.99, (
+                f"target streams handed to the draft differ: median {cos_s.median()}, min {cos_s.min()}"
+            )
+            want = ref.echo_forward(s_in, ids).logits
+            got = d["hidden"][off : off + L].float().to(device) @ ref.lm_head.weight.float().t()
+            cos = torch.nn.functional.cosine_similarity(got, want, dim=-1)
+            assert cos.min() >= 0.9999, f"draft logits differ from the reference: {cos.min()}"
+            agree += int((got.argmax(-1) == want.argmax(-1)).sum())
+            rows += L
+            checked += 1
+            off += L
+    assert checked >= min_requests, f"only {checked} prefill draft-extends dumped"
+    assert agree >= 0.99 * rows, (agree, rows)
+    return {"requests": checked, "rows": rows, "top1_agree": agree / rows}
