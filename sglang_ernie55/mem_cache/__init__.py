@@ -58,7 +58,7 @@ def _around_build_pool(original, self, *args, sizes, req_to_token_pool, **kwargs
         device=self.device,
         enable_memory_saver=get_exec().features.enable_memory_saver,
         swa_size=sizes.swa_max_total_num_tokens if hybrid else None,
-        state_blocks=state_blocks_for(self.spec_algorithm),  # 2 under speculative decoding (rejected drafts)
+        state_blocks=state_blocks_for(getattr(self, "spec_algorithm", None)),  # 2 when speculating (rejected drafts)
     )
 
 

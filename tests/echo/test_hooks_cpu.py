@@ -269,8 +269,8 @@ def test_draft_runner_backend_is_the_echo_backend(hooks):
 @pytest.mark.parametrize("algo", ["NONE", "EAGLE"])
 def test_target_pool_and_sizing_under_speculation(hooks, monkeypatch, algo):
     """The patched configurator factory and target-pool builder (SGLang's own entry points) for an ERNIE-5.5
-    target: with EAGLE the budget reserves the ECHO draft's row per token and the pool keeps the two-block
-    open-block state ring (rejected drafts); without speculation neither."""
+    target (hybrid SWA): with EAGLE the budget reserves the ECHO draft's row per SWA token and the pool keeps the
+    two-block open-block state ring (rejected drafts); without speculation neither."""
     from sglang.srt.mem_cache.kv_cache_configurator import KVCacheConfigurator
     from sglang.srt.model_executor import pool_configurator as pc
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
@@ -280,22 +280,23 @@ def test_target_pool_and_sizing_under_speculation(hooks, monkeypatch, algo):
 
     monkeypatch.setattr("sglang.srt.runtime_context.get_exec",
                         lambda: SimpleNamespace(features=SimpleNamespace(enable_memory_saver=False)))  # fmt: skip
-    monkeypatch.setattr("sglang.srt.runtime_context.get_schedule", lambda: SimpleNamespace(max_running_requests=4))
-    monkeypatch.setattr("sglang.srt.runtime_context.get_spec",
-                        lambda: SimpleNamespace(speculative_draft_kv_cache_dtype=None))  # fmt: skip
+    monkeypatch.setattr("sglang.srt.runtime_context.get_schedule",
+                        lambda: SimpleNamespace(max_running_requests=4, swa_full_tokens_ratio=0.5))  # fmt: skip
     cfg = tiny_config()
     spec = SpeculativeAlgorithm.from_string(algo)
     kvc = SimpleNamespace(is_draft_worker=False, model_config=SimpleNamespace(hf_config=cfg), pool_page_size=256,
                           kv_cache_dtype=torch.bfloat16, kv_cache_dtype_str="bfloat16", device="cpu",
-                          spec_algorithm=spec)  # fmt: skip
+                          spec_algorithm=spec, is_hybrid_swa=True, sliding_window_size=cfg.window_size)  # fmt: skip
     conf = pc.create_memory_pool_configurator(kvc)
     assert type(conf).__name__ == "Ernie55PoolConfigurator"
     speculating = algo == "EAGLE"
     assert conf.bytes.draft_row == (echo_bytes_per_token(cfg, torch.bfloat16) if speculating else 0)
     blocks = 2 if speculating else 1
     assert conf.bytes.state_per_slot == 3 * blocks * cfg.compress_ratio * 2 * cfg.head_dim * 4  # 3 HCA layers
+    sizes = SimpleNamespace(max_total_num_tokens=1024, full_max_total_num_tokens=1024, swa_max_total_num_tokens=512)
     pool = KVCacheConfigurator._build_token_to_kv_pool(
-        kvc, sizes=SimpleNamespace(max_total_num_tokens=1024), is_dsa_model=False, is_dsv4_model=False,
+        kvc, sizes=sizes, is_dsa_model=False, is_dsv4_model=False,
         req_to_token_pool=SimpleNamespace(req_to_token=torch.zeros(4, 1024, dtype=torch.int32)),
     )  # fmt: skip
     assert isinstance(pool, Ernie55TokenToKVPool) and pool.state_ring == blocks * cfg.compress_ratio
+    assert pool.is_hybrid_swa and pool.window_rows == 512 + 256

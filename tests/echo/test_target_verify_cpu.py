@@ -75,14 +75,15 @@ def _run_rounds(s, cfg, steps: int, seed: int, check=None, **verify_kw):
     return committed
 
 
-@pytest.mark.parametrize("steps", [3, 1])
-def test_verify_rows_equal_teacher_forced_reference(setup, steps):
+@pytest.mark.parametrize("steps,swa_pages", [(3, None), (1, None), (3, 4)], ids=["s3", "s1", "s3-swa"])
+def test_verify_rows_equal_teacher_forced_reference(setup, steps, swa_pages):
     """Every verified row's logits equal the reference's full-sequence logits of (committed prefix + this
     round's tokens) at that position, and the hidden states the LogitsProcessor captures for the draft are
     the reference's pre-hc_head streams, round after round of rejections across blocks 128/256 and the
-    page; a plain decode after the rounds is still exact (state ring and compressed entries consistent)."""
+    page; a plain decode after the rounds is still exact (state ring and compressed entries consistent).
+    `s3-swa`: window rows in the hybrid pool's SWA pool, slots from SGLang's SWATokenToKVPoolAllocator."""
     cfg, ref, m = setup
-    s = th.Session(m, cfg, torch.float32, state_blocks=2)
+    s = th.Session(m, cfg, torch.float32, state_blocks=2, swa_pages=swa_pages)
     n, H = cfg.hc_mult, cfg.hidden_size
     seen = []
 
