@@ -182,7 +182,7 @@ def test_echo_server(kind, steps, ckpts, prompts, cfg, tmp_path):
                 i = next(j for j, (x, y) in enumerate(zip(a["tokens"], b["tokens"])) if x != y)
                 diffs.append({"prompt_len": len(p), "first_diff": i, "base": a["tokens"][i], "echo": b["tokens"][i]})
     record(checkpoint=kind, steps=steps, speed=run["speed"], startup_s=round(run["startup_s"], 1),
-           cuda_graph=" cuda graph: True" in run["log"],
+           cuda_graph=" cuda graph: True" in run["log"], hybrid_swa="pool sizing: mode=hybrid-swa" in run["log"],
            mean_accept_length=sum(a for a in accept if a) / max(sum(1 for a in accept if a), 1),
            server_avg_accept_length=run["avg_accept"], drafts_correct=correct, drafts_proposed=proposed,
            speedup_bs1=round(run["speed"][0]["tok_per_s"] / base["speed"][0]["tok_per_s"], 3),

@@ -13,6 +13,8 @@ environment lacks (CUDA graphs aside):
   installed sglang-kernel does not carry; `cpu_spec_shim/sitecustomize.py` routes those two calls to SGLang's
   own Triton versions of them (its XPU path).
 
+The target's and the draft's window rows live in the SWA pool (SGLang's hybrid allocator, ratio 0.5).
+
 Criteria: greedy tokens equal the reference's (bf16-KV-rounded, teacher-forced: the oracle of
 tests/serving/test_server_cpu.py), logprobs within 0.02; the prompts and generated tokens cross the
 128-token window / compression block and the 256-token page. Random weights: ~every draft is rejected
@@ -39,7 +41,8 @@ from sglang_ernie55.configuration import tiny_config  # noqa: E402
 SHIM = Path(__file__).resolve().parent / "cpu_spec_shim"
 NEW_TOKENS = 10
 FLAGS = ("--device", "cpu", "--dtype", "float32", "--kv-cache-dtype", "bfloat16", "--context-length", "2048",
-         "--max-running-requests", "4", "--max-total-tokens", "8192", "--chunked-prefill-size", "256",
+         "--max-running-requests", "4", "--max-total-tokens", "8192", "--swa-full-tokens-ratio", "0.5",
+         "--chunked-prefill-size", "256",
          "--disable-cuda-graph", "--disable-prefill-cuda-graph", "--sampling-backend", "pytorch")  # fmt: skip
 
 
@@ -67,6 +70,7 @@ def _run(path, steps, name, tmp_path, monkeypatch, lengths):
     finally:
         server.stop()
     assert "ECHO draft attached:" in log
+    assert "ERNIE-5.5 pool sizing: mode=hybrid-swa" in log  # window rows (target and draft) in the SWA pool
     _, ref = sh.load_reference(path, "cpu")
     with sh.kv_rounded_reference():
         s = sh.score(ref, prompts, outs, "cpu")
