@@ -75,6 +75,7 @@ def _run_rounds(s, cfg, steps: int, seed: int, check=None, **verify_kw):
     return committed
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("steps,swa_pages", [(3, None), (1, None), (3, 4)], ids=["s3", "s1", "s3-swa"])
 def test_verify_rows_equal_teacher_forced_reference(setup, steps, swa_pages):
     """Every verified row's logits equal the reference's full-sequence logits of (committed prefix + this
@@ -103,6 +104,7 @@ def test_verify_rows_equal_teacher_forced_reference(setup, steps, swa_pages):
         torch.testing.assert_close(got[r], ref.forward(torch.cat([c, torch.tensor([nxt[r]])])).logits[-1], **TOL)
 
 
+@pytest.mark.slow
 def test_verify_padded_graph_rows_match_eager(setup):
     """The CUDA-graph form (static-width metadata from init_forward_metadata_out_graph, the batch padded to
     4 requests as the decode graph runner pads it: req slot 0 (a live request here), out_cache_loc 0,
@@ -131,6 +133,7 @@ def test_verify_padded_graph_rows_match_eager(setup):
         torch.testing.assert_close(pg.latent[lid].data[256:], pe.latent[lid].data[256:], atol=1e-4, rtol=1e-4)  # GEMM batch shapes differ
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kv", [torch.bfloat16, torch.float8_e4m3fn])
 def test_verify_on_quantized_pool_equals_sequential_decode(setup, kv):
     """bf16 / fp8 pools (the kernels' byte layouts): the verified rows that end up committed give the logits
