@@ -56,7 +56,7 @@ CASES = [("random", 2), ("exact", 3), ("random", 1), ("random", 3)]
 PROMPT_LENGTHS = (1, 19, 90, 100, 120, 126, 127, 128, 129, 200, 250, 255, 256, 400)
 COMMON = ("--context-length", "4096", "--max-running-requests", "16", "--cuda-graph-max-bs-decode", "16",
           "--chunked-prefill-size", "512", "--max-total-tokens", "131072", "--sampling-backend", "pytorch",
-          "--disable-prefill-cuda-graph", "--mem-fraction-static", "0.4", "--dtype", "float32",
+          "--disable-prefill-cuda-graph", "--mem-fraction-static", sh.mem_fraction("0.4"), "--dtype", "float32",
           "--kv-cache-dtype", "bfloat16")  # fmt: skip
 SERVER_TIMEOUT_S = 300  # a hung start must not eat the device command's 10 minutes
 OUT = Path(os.environ.get("OUT") or os.environ.get("SERVING_LOG_DIR") or "gpu-out")

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Every GPU correctness suite in ONE device command (the lent H200's time is short), as parallel pytest
+# processes on the one GPU, each server given a slice of its memory (SERVING_MEM_FRACTION of what is free
+# when it starts):
+#   group_bf16 / group_fp8   tests/serving/test_server_gpu.py (real servers vs the reference)
+#   kernel_path              tests/serving/test_kernel_path_gpu.py (the backend's kernels vs its twin, full width)
+#   echo                     tests/echo/test_echo_gpu.py (ECHO through EAGLE, steps 1-3, CUDA graphs)
+#   kernels                  tests/kernels (every kernel vs the reference)
+#   full_width               tests/serving/test_full_width_gpu.py (only with --full-width: its timings
+#                            would be taken beside the others; run it alone for numbers)
+# Carry [".gpu", ".peers"]. Logs under $OUT; a summary last.   bash scripts/gpu-all.sh [--full-width] [names...]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out="${OUT:-$PWD/gpu-out}"; mkdir -p "$out/serving"
+bash .gpu/setup.sh > "$out/setup.log" 2>&1 || { cat "$out/setup.log"; exit 1; }
+# shellcheck disable=SC1091
+source .gpu/env
+if [ -f .peers/flash_mla.tar.xz ]; then
+  mkdir -p /tmp/peers && tar -C /tmp/peers -xJf .peers/flash_mla.tar.xz && export PYTHONPATH="$PYTHONPATH:/tmp/peers"
+fi
+export SERVING_LOG_DIR="$out/serving"
+names=(group_bf16 group_fp8 kernel_path echo kernels)
+if [ "${1:-}" = "--full-width" ]; then names+=(full_width); shift; fi
+[ $# -gt 0 ] && names=("$@")
+run() {  # name, mem fraction, pytest args...
+  local name=$1 frac=$2; shift 2
+  SERVING_MEM_FRACTION=$frac OUT="$out/$name" timeout "${SUITE_TIMEOUT:-540}" \
+    python3 -m pytest -q -rs -s --junitxml="$out/$name.xml" "$@" > "$out/$name.log" 2>&1
+  echo "$name rc=$?" >> "$out/$name.log"
+}
+pids=()
+for n in "${names[@]}"; do
+  case $n in
+    full_width) run full_width 0.5 tests/serving/test_full_width_gpu.py & ;;
+    group_bf16) run group_bf16 0.1 tests/serving/test_server_gpu.py -k bf16_kv_group & ;;
+    group_fp8) run group_fp8 0.1 tests/serving/test_server_gpu.py -k fp8_group & ;;
+    kernel_path) run kernel_path 0.1 tests/serving/test_kernel_path_gpu.py & ;;
+    echo) run echo 0.1 tests/echo/test_echo_gpu.py & ;;
+    kernels) run kernels 0.1 tests/kernels & ;;
+    *) echo "unknown suite $n"; exit 2 ;;
+  esac
+  pids+=($!); sleep 3
+done
+wait "${pids[@]}"
+echo "== summary"
+for n in "${names[@]}"; do
+  f="$out/$n.log"; [ -f "$f" ] || continue
+  echo "-- $n"; grep -E "^\[|^\| |echo-result|passed|failed|rc=|^E   " "$f" | cut -c1-400 | tail -30
+done
