@@ -1,0 +1,45 @@
+"""The `ernie55` backend's kernel path (Triton, in Triton's CPU interpreter: a subprocess, so that
+TRITON_INTERPRET=1 is set before triton is imported) against its torch twin, tiny geometry, bf16 and fp8
+pools. The scenarios and criteria are in kernel_path_check.py (the GPU suite runs the same at full width)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+CHECK = Path(__file__).with_name("kernel_path_check.py")
+
+
+def _run(*args: str) -> dict:
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    env.pop("SGLANG_ERNIE55_ATTN_IMPL", None)
+    r = subprocess.run([sys.executable, str(CHECK), *args], env=env, capture_output=True, text=True, timeout=1200)
+    assert r.returncode == 0, r.stderr[-4000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kv", ["bfloat16", "fp8_e4m3"])
+def test_kernel_path_equals_twin_in_the_backend(kv):
+    """Mixed extend (a block completed from state rows, two from batch rows, a page crossed), a prefix hit
+    into a slot with stale state, batched decode completing a block, a graph-width decode with a padded row:
+    outputs to fp32 rounding (1e-5 of their scale), stored rows and open-block state byte for byte."""
+    rep = _run("backend", kv, "cpu", "tiny", "triton")
+    assert set(rep["steps"]) == {"mixed_extend", "prefix_hit", "decode0", "decode1", "decode2", "graph_decode_padded"}
+    print(json.dumps(rep))
+
+
+@pytest.mark.slow
+def test_kernel_path_model_equals_rounded_twin():
+    """The tiny model end to end (layers -> backend kwargs -> kernels) equals the twin fed the same
+    bf16-rounded queries: same greedy token at every position, logits to 2e-3 of their scale."""
+    rep = _run("model", "bfloat16", "cpu")
+    r = rep["rounded_twin"]
+    print(json.dumps(rep))
+    assert r["top1_equal"] == rep["positions"], rep
+    assert r["max_logit_diff"] <= 2e-3 * r["logit_scale"], rep
