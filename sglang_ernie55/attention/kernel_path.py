@@ -112,16 +112,28 @@ def _common(be, req, P, L, tok_req, tok_pos, tok_start, loc, valid_tok, valid_re
     )  # fmt: skip
 
 
-def decode_meta(be, fb, width: int) -> KernelMeta:
-    """Decode (one token per request, CUDA-graph safe: device ops on the runner's buffers only).
-    `width`: static upper bound of the sequence lengths (the context length under graphs)."""
-    req, L, loc = fb.req_pool_indices, fb.seq_lens.long(), fb.out_cache_loc
+def fixed_meta(be, req, seq_after, loc, per_req: int, width: int) -> KernelMeta:
+    """`per_req` new tokens per request at positions seq_after - per_req .. seq_after - 1 (decode: 1; a
+    verify pass: its draft width), CUDA-graph safe: device ops on the runner's buffers only. req /
+    seq_after [B]; loc [B * per_req] request-major. `width`: static upper bound of the sequence lengths
+    (the context length under graphs)."""
     B, dev = req.shape[0], req.device
-    rows = torch.arange(B, device=dev)
+    L = seq_after.long()
+    P = L - per_req
+    tok_req = torch.arange(B, device=dev).repeat_interleave(per_req)
+    tok_pos = P[tok_req] + torch.arange(per_req, device=dev).repeat(B)
     valid = loc >= be.page_size  # padded graph rows point into SGLang's padding page
-    P = L - 1
+    valid_req = valid.view(B, per_req)[:, 0] if B else valid
     cmp_width = _ceil_to(max(1, -(-width // be.ratio)), FLASHMLA_TOPK_ALIGN)
-    return _common(be, req, P, L, rows, P, rows, loc, valid, valid, cmp_width, 1, [(0, B, width)])
+    nj = -(-per_req // be.ratio)
+    start = torch.arange(B, device=dev) * per_req
+    return _common(be, req, P, L, tok_req, tok_pos, start, loc, valid, valid_req, cmp_width, nj,
+                   [(0, B * per_req, width)])  # fmt: skip
+
+
+def decode_meta(be, fb, width: int) -> KernelMeta:
+    """Decode: one token per request (fixed_meta with per_req 1)."""
+    return fixed_meta(be, fb.req_pool_indices, fb.seq_lens, fb.out_cache_loc, 1, width)
 
 
 def extend_meta(be, fb) -> KernelMeta:

@@ -204,3 +204,22 @@ def test_mla_chunks_budget(monkeypatch):
         assert (t1 - t0) * w <= 1000 or t1 - t0 == 1
         need = max(seq[i] for i, s in enumerate(starts) if s < t1 and s + ext[i] > t0)
         assert w == need
+
+
+@pytest.mark.parametrize("k", [1, 3, 4])
+def test_fixed_rows_per_request_equal_the_extend_rows(k):
+    """fixed_meta with k new tokens per request (decode: 1; a verify pass: steps + 1) builds the same rows,
+    jobs and state targets as extend_meta of the same batch written as an extend."""
+    be, r2t = _backend()
+    reqs, seq = [3, 0, 5], [130, 384, 1000]
+    lens = [0] * 6
+    for r, n in zip(reqs, seq):
+        lens[r] = n
+    _fill_pages(r2t, lens, seed=k)
+    prefix = [n - k for n in seq]
+    ext_m = kp.extend_meta(be, _extend_fb(r2t, reqs, prefix, [k] * 3))
+    loc = torch.cat([r2t[r, p : p + k].long() for r, p in zip(reqs, prefix)])
+    fix_m = kp.fixed_meta(be, torch.tensor(reqs), torch.tensor(seq), loc, k, 1000)
+    for f in ("tok_req", "tok_pos", "loc", "win_loc", "win_idx", "win_len", "cmp_idx", "cmp_len", "st_req", "st_seq"):
+        assert torch.equal(getattr(fix_m, f).long(), getattr(ext_m, f).long()), f
+    assert _job_set(fix_m.jobs) == _job_set(ext_m.jobs) and len(_job_set(fix_m.jobs)) == 1 + (k >= 3)  # 384; 128
