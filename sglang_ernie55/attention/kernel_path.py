@@ -36,6 +36,7 @@ from ..kernels.sparse_attn import Scope, flashmla_sparse_attention, sparse_mqa_a
 from .select import FLASHMLA, FLASHMLA_HEADS
 
 INDEXER_LOGITS_BUDGET = 1 << 24  # extend: query rows x key columns of one indexer chunk (64 MiB fp32)
+ATTN_ROWS = 1 << 15  # query rows per attention call (the split kernel's grid puts tokens on CUDA's y axis, < 65536)
 FLASHMLA_TOPK_ALIGN = 64  # FlashMLA reads index rows in blocks of 64 (pad with -1)
 
 
@@ -159,14 +160,14 @@ def extend_meta(be, fb) -> KernelMeta:
 
 def _mla_chunks(ext: list[int], seq: list[int]) -> list[tuple[int, int, int]]:
     """Consecutive query chunks (t0, t1, width): width = the longest sequence among the chunk's requests,
-    rows x width <= INDEXER_LOGITS_BUDGET (at least one row per chunk)."""
+    rows x width <= INDEXER_LOGITS_BUDGET (at least one row per chunk), rows <= ATTN_ROWS."""
     out: list[tuple[int, int, int]] = []
     t0 = t = width = 0
     for e, L in zip(ext, seq):
         done = 0
         while done < e:
             w = max(width, L)
-            cap = max(1, INDEXER_LOGITS_BUDGET // w)
+            cap = min(ATTN_ROWS, max(1, INDEXER_LOGITS_BUDGET // w))
             if t - t0 >= cap:  # the open chunk is full at this width: close it
                 out.append((t0, t, width))
                 t0, width = t, 0
@@ -228,13 +229,16 @@ def hca_forward(be, meta: KernelMeta, impl: str, q, kv, cs, compressor, sink, la
     kv_store(win.pool, win.geom, meta.win_loc, kv.reshape(T, -1).contiguous())
     compress(be, meta, lid, cs, compressor)
     qb = q.to(torch.bfloat16).contiguous()
-    main = Scope(win.pool, win.geom, meta.win_idx, meta.win_len)
-    extra = Scope(cmp.pool, cmp.geom, meta.cmp_idx, meta.cmp_len)
     sink = sink.float().contiguous()
-    if impl == FLASHMLA:
-        return _flashmla(meta, ("hca", 0), qb, main, extra, layer.scaling, D, sink).float()
     out = torch.empty(T, h, D, dtype=torch.float32, device=q.device)
-    sparse_mqa_attention(qb, main, extra, sm_scale=layer.scaling, d_v=D, sink=sink, out=out)
+    for ci, t0 in enumerate(range(0, T, ATTN_ROWS)):
+        t1 = min(T, t0 + ATTN_ROWS)
+        main = Scope(win.pool, win.geom, meta.win_idx[t0:t1], meta.win_len[t0:t1])
+        extra = Scope(cmp.pool, cmp.geom, meta.cmp_idx[t0:t1], meta.cmp_len[t0:t1])
+        if impl == FLASHMLA:
+            out[t0:t1] = _flashmla(meta, ("hca", ci), qb[t0:t1], main, extra, layer.scaling, D, sink)
+        else:
+            sparse_mqa_attention(qb[t0:t1], main, extra, sm_scale=layer.scaling, d_v=D, sink=sink, out=out[t0:t1])
     return out
 
 
