@@ -194,9 +194,101 @@ def compare(cfg, pool, got: dict, want: dict, snap_g: dict, snap_w: dict, kv: st
     return rep
 
 
+class SessionSlots:
+    """Slots over twin_harness.Session's allocator (SGLang's SWATokenToKVPoolAllocator with swa_pages)."""
+
+    def __init__(self, session):
+        self.s, self.req_to_token, self.lens = session, session.req_to_token, session.lens
+
+    def alloc(self, req: int, n: int, decode: bool = False) -> torch.Tensor:
+        loc = self.s.alloc_tokens(req, n, decode=decode)
+        self.s.lens[req] += n
+        return loc.to(self.req_to_token.device)
+
+    def share_prefix(self, src: int, dst: int, n: int) -> None:
+        self.s.share_prefix(src, dst, n)
+
+
+class BackendRun:
+    """One pool, the twin and the backends under test over it, the two layers, and the batch helpers."""
+
+    def __init__(self, kv, device, geometry, impls, pool, slots, cfg):
+        from sglang_ernie55.attention.backend import Ernie55AttnBackend
+
+        self.kv, self.device, self.pool, self.slots, self.cfg = kv, device, pool, slots, cfg
+        runner = SimpleNamespace(token_to_kv_pool=pool, model_config=SimpleNamespace(hf_config=cfg),
+                                 req_to_token_pool=SimpleNamespace(req_to_token=slots.req_to_token))  # fmt: skip
+        self.twin = Ernie55AttnBackend(runner, impl="torch")
+        self.backs = {impl: Ernie55AttnBackend(runner, impl=impl) for impl in impls}
+        for impl, be in self.backs.items():
+            assert all(c.impl == impl for c in be.choice.values()), be.choice
+        self.layers = Layers(cfg, device)
+        self.g = torch.Generator().manual_seed(2)
+        self.report: dict = {"kv": kv, "device": device, "geometry": geometry, "steps": {}}
+
+    def extend(self, reqs, ns):
+        prefix = [self.slots.lens[r] for r in reqs]
+        loc = torch.cat([self.slots.alloc(r, n) for r, n in zip(reqs, ns)])
+        return _fb("extend", loc, reqs, [p + n for p, n in zip(prefix, ns)], prefix, list(ns)), sum(ns)
+
+    def decode(self, reqs):
+        if isinstance(self.slots, SessionSlots):
+            loc = torch.cat([self.slots.alloc(r, 1, decode=True) for r in reqs])
+        else:
+            loc = torch.cat([self.slots.alloc(r, 1) for r in reqs])
+        return _fb("decode", loc, reqs, [self.slots.lens[r] for r in reqs]), len(reqs)
+
+    def twin_only(self, fb, T, is_decode):
+        run_batch(self.twin, self.layers, fb, make_inputs(self.cfg, T, self.g, self.device), is_decode)
+
+    def compared(self, tag, fb, T, is_decode, graph=False, real: int | None = None):
+        """`real`: rows whose outputs are compared (padded graph rows read garbage, their outputs are
+        discarded; what they must not do is write live rows, which the pool comparison checks)."""
+        pool, kv, device = self.pool, self.kv, self.device
+        x = make_inputs(self.cfg, T, self.g, device)
+        before = snapshot(pool)
+        res = {}
+        for impl, be in self.backs.items():
+            restore(pool, before)
+            out = run_batch(be, self.layers, fb, x, is_decode, graph=graph)
+            res[impl] = (out, snapshot(pool))
+        restore(pool, before)
+        want = run_batch(self.twin, self.layers, fb, x, is_decode, graph=graph)
+        snap_w = snapshot(pool)
+        if real is not None:
+            want = {k: v[:real] for k, v in want.items()}
+            res = {i: ({k: v[:real] for k, v in o.items()}, sn) for i, (o, sn) in res.items()}
+        self.report["steps"][tag] = {
+            impl: compare(self.cfg, pool, out, want, snap, snap_w, kv, device, f"{tag}/{impl}", self.slots.lens)
+            for impl, (out, snap) in res.items()
+        }
+
+    def graph_decode_padded(self, tag, reqs, pad_seq: int):
+        """A CUDA-graph-style decode: context-length widths and a padded row (request slot 0, loc 0,
+        seq len `pad_seq`); then the graph-width metadata gives the eager-width result on the real rows."""
+        device = self.device
+        fb, T = self.decode(reqs)
+        fb = _fb("decode", torch.cat([fb.out_cache_loc, torch.zeros(1, dtype=torch.int64, device=device)]),
+                 list(reqs) + [0], [self.slots.lens[r] for r in reqs] + [pad_seq])  # fmt: skip
+        for be in (self.twin, *self.backs.values()):
+            be.init_cuda_graph_state(T + 1, T + 1)
+        self.compared(tag, fb, T + 1, True, graph=True, real=T)
+        x = make_inputs(self.cfg, T + 1, self.g, device)
+        before = snapshot(self.pool)
+        for impl, be in self.backs.items():
+            restore(self.pool, before)
+            a = run_batch(be, self.layers, fb, x, True, graph=True)
+            restore(self.pool, before)
+            b = run_batch(be, self.layers, fb, x, True, graph=False)
+            for k in a:
+                err = float((a[k][:T] - b[k][:T]).abs().max())
+                self.report["steps"][tag][impl][f"{k}_graph_vs_eager"] = err
+                assert err <= _tol(self.kv, device) * float(b[k].abs().max()), (impl, k, err)
+        restore(self.pool, before)
+
+
 def run_backend(kv: str, device: str = "cpu", geometry: str = "tiny", impls=("triton",)) -> dict:
     """The batch sequence above; every implementation in `impls` against the twin. Returns the report."""
-    from sglang_ernie55.attention.backend import Ernie55AttnBackend
     from sglang_ernie55.mem_cache.pool import Ernie55TokenToKVPool
 
     th.init_dist()
@@ -205,86 +297,55 @@ def run_backend(kv: str, device: str = "cpu", geometry: str = "tiny", impls=("tr
     num_pages, max_ctx, req_slots = 24, 2048 if geometry == "tiny" else 4096, 6
     pool = Ernie55TokenToKVPool(num_pages * PAGE, PAGE, dtype, cfg, num_req_slots=req_slots, device=device)
     slots = Slots(num_pages, max_ctx, req_slots, device)
-    runner = SimpleNamespace(token_to_kv_pool=pool, model_config=SimpleNamespace(hf_config=cfg),
-                             req_to_token_pool=SimpleNamespace(req_to_token=slots.req_to_token))  # fmt: skip
-    twin = Ernie55AttnBackend(runner, impl="torch")
-    backs = {impl: Ernie55AttnBackend(runner, impl=impl) for impl in impls}
-    for impl, be in backs.items():
-        assert all(c.impl == impl for c in be.choice.values()), be.choice
-    layers = Layers(cfg, device)
-    g = torch.Generator().manual_seed(2)
+    r = BackendRun(kv, device, geometry, impls, pool, slots, cfg)
     long = 300 if geometry == "tiny" else cfg.index_topk + 700  # > index_topk: the DSA top-k selects
-    report: dict = {"kv": kv, "device": device, "geometry": geometry, "steps": {}}
-
-    def extend(reqs, ns):
-        prefix = [slots.lens[r] for r in reqs]
-        loc = torch.cat([slots.alloc(r, n) for r, n in zip(reqs, ns)])
-        return _fb("extend", loc, reqs, [p + n for p, n in zip(prefix, ns)], prefix, list(ns)), sum(ns)
-
-    def decode(reqs):
-        loc = torch.cat([slots.alloc(r, 1) for r in reqs])
-        return _fb("decode", loc, reqs, [slots.lens[r] for r in reqs]), len(reqs)
-
-    def twin_only(fb, T, is_decode):
-        run_batch(twin, layers, fb, make_inputs(cfg, T, g, device), is_decode)
-
-    def compared(tag, fb, T, is_decode, graph=False):
-        x = make_inputs(cfg, T, g, device)
-        before = snapshot(pool)
-        res = {}
-        for impl, be in backs.items():
-            restore(pool, before)
-            out = run_batch(be, layers, fb, x, is_decode, graph=graph)
-            res[impl] = (out, snapshot(pool))
-        restore(pool, before)
-        want = run_batch(twin, layers, fb, x, is_decode, graph=graph)
-        snap_w = snapshot(pool)
-        report["steps"][tag] = {
-            impl: compare(cfg, pool, out, want, snap, snap_w, kv, device, f"{tag}/{impl}", slots.lens)
-            for impl, (out, snap) in res.items()
-        }
-        return res
 
     # twin only: request 0 open block of 120 rows, request 1 long (past index_topk), request 4 stale state
-    twin_only(*extend([0, 1], [120, long]), False)
-    twin_only(*extend([4], [77]), False)
+    r.twin_only(*r.extend([0, 1], [120, long]), False)
+    r.twin_only(*r.extend([4], [77]), False)
     # A: mixed extend: request 0 completes block 0 from 120 state rows + 8 new rows, request 1 continues
     #    mid-block up to 1 token short of a block (which completes in decode below), request 2 is a fresh
     #    prefill completing two blocks from batch rows only and crossing a page
     n1 = 3 * cfg.compress_ratio - 1 - slots.lens[1] % (3 * cfg.compress_ratio)
-    compared("mixed_extend", *extend([0, 1, 2], [20, n1, 260]), False)
+    r.compared("mixed_extend", *r.extend([0, 1, 2], [20, n1, 260]), False)
     # A2: a short fresh prefill alone (every row shorter than index_topk: top-k rows padded with -1)
-    compared("short_prefill", *extend([5], [30]), False)
+    r.compared("short_prefill", *r.extend([5], [30]), False)
     # B: prefix hit: request 3 starts with request 1's first page; slot 4 -> 3 carries stale state
     slots.share_prefix(1, 3, PAGE)
-    pool_state = pool.state[0]
-    pool_state[3] = pool_state[4]
-    compared("prefix_hit", *extend([3], [12]), False)
+    pool.state[0][3] = pool.state[0][4]
+    r.compared("prefix_hit", *r.extend([3], [12]), False)
     # C: batched decode; request 1 completes a block at step 0
     for step in range(3):
-        compared(f"decode{step}", *decode([0, 1, 2, 3]), True)
-    # D: CUDA-graph-style decode: context-length widths, a padded row (request slot 0, loc 0, seq len 128:
-    #    it would complete a block of a live request if it wrote anything)
-    fb, T = decode([1, 2, 3])
-    fb = _fb("decode", torch.cat([fb.out_cache_loc, torch.zeros(1, dtype=torch.int64, device=device)]),
-             [1, 2, 3, 0], [slots.lens[r] for r in (1, 2, 3)] + [128])  # fmt: skip
-    for be in (twin, *backs.values()):
-        be.init_cuda_graph_state(4, 4)
-    res = compared("graph_decode_padded", fb, T + 1, True, graph=True)
-    # the graph-width metadata gives the eager-width result on the real rows
-    x = make_inputs(cfg, T + 1, g, device)
-    before = snapshot(pool)
-    for impl, be in backs.items():
-        restore(pool, before)
-        a = run_batch(be, layers, fb, x, True, graph=True)
-        restore(pool, before)
-        b = run_batch(be, layers, fb, x, True, graph=False)
-        for k in a:
-            err = float((a[k][:T] - b[k][:T]).abs().max())
-            report["steps"]["graph_decode_padded"][impl][f"{k}_graph_vs_eager"] = err
-            assert err <= _tol(kv, device) * float(b[k].abs().max()), (impl, k, err)
-    del res
-    return report
+        r.compared(f"decode{step}", *r.decode([0, 1, 2, 3]), True)
+    # D: graph-width decode; the padded row's seq len 128 would complete a block of live request 0
+    r.graph_decode_padded("graph_decode_padded", [1, 2, 3], 128)
+    return r.report
+
+
+def run_backend_swa(kv: str, device: str = "cpu", geometry: str = "tiny", impls=("triton",)) -> dict:
+    """Over the hybrid pool with a 3-page SWA pool under SGLang's own SWATokenToKVPoolAllocator: a 600-token
+    request fills it, SGLang's out-of-window eviction frees its first SWA page, a fresh request gets that
+    page (its window slots are not its full slots); then a mixed extend, decode and a graph-width decode
+    with a padded row, kernel path vs twin (window rows compared byte for byte at their SWA slots)."""
+    th.init_dist()
+    cfg = geometry_config(geometry)
+    dtype = torch.float8_e4m3fn if kv == "fp8_e4m3" else torch.bfloat16
+    long = 600 if geometry == "tiny" else cfg.index_topk + 600
+    swa_pages = -(-long // PAGE)
+    s = th.Session(None, cfg, dtype, num_pages=24, max_ctx=4096, slots=4, swa_pages=swa_pages, device=device)
+    slots = SessionSlots(s)
+    r = BackendRun(kv, device, geometry, impls, s.pool, slots, cfg)
+    r.twin_only(*r.extend([1], [long]), False)
+    assert s.allocator.swa_available_size() == 0
+    assert len(s.evict_swa(1)) >= 1  # pre_len `long`: its first page left the window
+    fb, T = r.extend([1, 2], [20, 200])
+    live = s.req_to_token[2, :200].long()
+    assert (s.pool.window_loc(live) != live).all(), "request 2's SWA slots equal its full slots"
+    r.compared("swa_mixed_extend", fb, T, False)
+    for step in range(2):
+        r.compared(f"swa_decode{step}", *r.decode([1, 2]), True)
+    r.graph_decode_padded("swa_graph_decode_padded", [1, 2], 128)
+    return r.report
 
 
 def rounded_twin_cls():
@@ -444,6 +505,8 @@ if __name__ == "__main__":
     impls = tuple(sys.argv[5].split(",")) if len(sys.argv) > 5 else ("triton",)
     if mode == "backend":
         print(json.dumps(run_backend(kv, dev, geom, impls)))
+    elif mode == "backend_swa":
+        print(json.dumps(run_backend_swa(kv, dev, geom, impls)))
     elif mode == "graph":
         print(json.dumps(run_graph(kv, dev, geom, impls)))
     else:

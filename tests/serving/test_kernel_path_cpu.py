@@ -36,6 +36,14 @@ def test_kernel_path_equals_twin_in_the_backend(kv):
 
 
 @pytest.mark.slow
+def test_kernel_path_equals_twin_over_the_swa_pool():
+    """The hybrid pool under SGLang's SWATokenToKVPoolAllocator after an out-of-window eviction (a request
+    whose window slots are not its full slots): extend, decode, graph-width decode with a padded row."""
+    rep = _run("backend_swa", "bfloat16", "cpu", "tiny", "triton")
+    assert set(rep["steps"]) == {"swa_mixed_extend", "swa_decode0", "swa_decode1", "swa_graph_decode_padded"}
+
+
+@pytest.mark.slow
 def test_static_buffer_decode_steps_equal_eager():
     """The CUDA-graph decode protocol without a GPU: metadata built once per step from the same static
     buffers (3 live rows + 1 padded row, new tokens copied in, one completing a block), equal to the eager

@@ -38,6 +38,13 @@ def test_backend_kernel_paths_equal_twin_full_width(kv):
 
 
 @pytest.mark.parametrize("kv", ["fp8_e4m3", "bfloat16"])
+def test_backend_kernel_paths_equal_twin_over_swa_pool_full_width(kv):
+    """The hybrid pool under SGLang's SWA allocator after an out-of-window eviction (window slots != full)."""
+    rep = kpc.run_backend_swa(kv, "cuda", "full", _impls(kv))
+    print(json.dumps(rep))
+
+
+@pytest.mark.parametrize("kv", ["fp8_e4m3", "bfloat16"])
 def test_decode_cuda_graph_replay_full_width(kv):
     """Captured once (3 live rows + 1 padded row), replayed 3 times with new tokens: equals the eager kernel
     path and the twin; FlashMLA's tile schedule is filled inside the graph and recomputed at every replay."""

@@ -108,13 +108,14 @@ class Session:
         """Slots for positions lens[req] .. +n, paging like SGLang (new page whenever a page boundary is crossed)."""
         P = self.lens[req]
         if self.allocator is not None:
-            last = self.req_to_token[req, P - 1 : P].long() if P else torch.tensor([-1])
+            dev = self.device
+            last = self.req_to_token[req, P - 1 : P].long() if P else torch.tensor([-1], device=dev)
             pre, seq = torch.tensor([P]), torch.tensor([P + n])
             if decode:
                 assert n == 1
-                loc = self.allocator.alloc_decode(seq, seq, last)
+                loc = self.allocator.alloc_decode(seq.to(dev), seq, last)
             else:
-                loc = self.allocator.alloc_extend(pre, pre, seq, seq, last, n)
+                loc = self.allocator.alloc_extend(pre.to(dev), pre, seq.to(dev), seq, last, n)
             if loc is None:
                 raise RuntimeError(f"SGLang's SWA allocator is out of pages (req {req}, {n} tokens at {P})")
             self.req_to_token[req, P : P + n] = loc.to(torch.int32)
