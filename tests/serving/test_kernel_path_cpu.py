@@ -17,7 +17,9 @@ CHECK = Path(__file__).with_name("kernel_path_check.py")
 
 def _run(*args: str) -> dict:
     env = dict(os.environ, TRITON_INTERPRET="1")
-    env.pop("SGLANG_ERNIE55_ATTN_IMPL", None)
+    # the check opens its own world-1 group: not on the port this test process may already hold
+    for k in ("SGLANG_ERNIE55_ATTN_IMPL", "MASTER_PORT", "MASTER_ADDR", "RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        env.pop(k, None)
     r = subprocess.run([sys.executable, str(CHECK), *args], env=env, capture_output=True, text=True, timeout=1200)
     assert r.returncode == 0, r.stderr[-4000:]
     return json.loads(r.stdout.strip().splitlines()[-1])
