@@ -140,15 +140,17 @@ def restore(pool, snap) -> None:
         v.copy_(snap[k])
 
 
-def _fb(mode, loc, req, seq, prefix=None, ext=None):
+def _fb(mode, loc, req, seq, prefix=None, ext=None, draft_tokens: int | None = None):
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
     dev = loc.device
     seq_t = torch.tensor(seq, device=dev)
+    fm = {"decode": ForwardMode.DECODE, "extend": ForwardMode.EXTEND, "verify": ForwardMode.TARGET_VERIFY}[mode]
     return SimpleNamespace(
-        forward_mode=ForwardMode.DECODE if mode == "decode" else ForwardMode.EXTEND, out_cache_loc=loc,
+        forward_mode=fm, out_cache_loc=loc,
         req_pool_indices=torch.tensor(req, device=dev), seq_lens=seq_t, seq_lens_cpu=seq_t.cpu(),
         extend_prefix_lens_cpu=prefix, extend_seq_lens_cpu=ext, batch_size=len(req),
+        spec_info=SimpleNamespace(draft_token_num=draft_tokens),
     )  # fmt: skip
 
 
@@ -238,6 +240,24 @@ class BackendRun:
             loc = torch.cat([self.slots.alloc(r, 1) for r in reqs])
         return _fb("decode", loc, reqs, [self.slots.lens[r] for r in reqs]), len(reqs)
 
+    def verify(self, reqs, k: int):
+        """A TARGET_VERIFY batch: k rows per request at positions lens .. lens + k - 1 (seq_lens = lens
+        before them, as SGLang passes); slots of positions a rejected earlier verify mapped are kept."""
+        before = [self.slots.lens[r] for r in reqs]
+        loc = torch.cat([self.slots.alloc(r, k) for r in reqs])
+        return _fb("verify", loc, reqs, before, draft_tokens=k), k * len(reqs)
+
+    def graph_verify_padded(self, tag, reqs, k: int):
+        """Verify in the decode graph runner's form: context-length widths and a padded request (slot 0,
+        its k rows at loc 0, seq len 1, SGLang's fill value); graph-width == eager on the real rows."""
+        fb, T = self.verify(reqs, k)
+        dev = self.device
+        fb = _fb("verify", torch.cat([fb.out_cache_loc, torch.zeros(k, dtype=torch.int64, device=dev)]),
+                 list(reqs) + [0], fb.seq_lens_cpu.tolist() + [1], draft_tokens=k)  # fmt: skip
+        for be in (self.twin, *self.backs.values()):
+            be.init_cuda_graph_state(len(reqs) + 1, T + k)
+        self.compared(tag, fb, T + k, False, graph=True, real=T)
+
     def twin_only(self, fb, T, is_decode):
         run_batch(self.twin, self.layers, fb, make_inputs(self.cfg, T, self.g, self.device), is_decode)
 
@@ -319,6 +339,27 @@ def run_backend(kv: str, device: str = "cpu", geometry: str = "tiny", impls=("tr
         r.compared(f"decode{step}", *r.decode([0, 1, 2, 3]), True)
     # D: graph-width decode; the padded row's seq len 128 would complete a block of live request 0
     r.graph_decode_padded("graph_decode_padded", [1, 2, 3], 128)
+    return r.report
+
+
+def run_backend_verify(kv: str, device: str = "cpu", geometry: str = "tiny", impls=("triton",), k: int = 4) -> dict:
+    """Speculative verify (TARGET_VERIFY, k = S+1 rows per request) on the two-block state ring: a verify
+    whose rows cross a compression block (and a page), drafts rejected, the next verify over the same
+    slots, then the graph form with a padded request; kernel path vs twin."""
+    th.init_dist()
+    cfg = geometry_config(geometry)
+    dtype = torch.float8_e4m3fn if kv == "fp8_e4m3" else torch.bfloat16
+    R = cfg.compress_ratio
+    s = th.Session(None, cfg, dtype, num_pages=24, max_ctx=4096, slots=4, state_blocks=2, device=device)
+    slots = SessionSlots(s)
+    r = BackendRun(kv, device, geometry, impls, s.pool, slots, cfg)
+    r.twin_only(*r.extend([1, 2], [R - 2, 2 * R - 1]), False)
+    r.compared("verify_cross_block", *r.verify([1, 2], k), False)  # rows R-2..R+1 and 2R-1..2R+2 (page 256)
+    s.lens[1] -= k - 1  # request 1 accepts the bonus token only, request 2 all but the last draft
+    s.lens[2] -= 1
+    r.compared("verify_after_reject", *r.verify([1, 2], k), False)
+    s.lens[1] -= k - 2
+    r.graph_verify_padded("verify_graph_padded", [1, 2], k)
     return r.report
 
 
@@ -505,6 +546,8 @@ if __name__ == "__main__":
     impls = tuple(sys.argv[5].split(",")) if len(sys.argv) > 5 else ("triton",)
     if mode == "backend":
         print(json.dumps(run_backend(kv, dev, geom, impls)))
+    elif mode == "backend_verify":
+        print(json.dumps(run_backend_verify(kv, dev, geom, impls)))
     elif mode == "backend_swa":
         print(json.dumps(run_backend_swa(kv, dev, geom, impls)))
     elif mode == "graph":

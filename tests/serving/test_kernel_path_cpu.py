@@ -38,6 +38,15 @@ def test_kernel_path_equals_twin_in_the_backend(kv):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("kv", ["bfloat16", "fp8_e4m3"])
+def test_kernel_path_verify_equals_twin(kv):
+    """TARGET_VERIFY (4 rows per request) on the two-block state ring: rows crossing a compression block
+    and a page, rejected drafts re-verified over the same slots, the graph form with a padded request."""
+    rep = _run("backend_verify", kv, "cpu", "tiny", "triton")
+    assert set(rep["steps"]) == {"verify_cross_block", "verify_after_reject", "verify_graph_padded"}
+
+
+@pytest.mark.slow
 def test_kernel_path_equals_twin_over_the_swa_pool():
     """The hybrid pool under SGLang's SWATokenToKVPoolAllocator after an out-of-window eviction (a request
     whose window slots are not its full slots): extend, decode, graph-width decode with a padded row."""
