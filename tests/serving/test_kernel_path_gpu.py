@@ -38,6 +38,14 @@ def test_backend_kernel_paths_equal_twin_full_width(kv):
 
 
 @pytest.mark.parametrize("kv", ["fp8_e4m3", "bfloat16"])
+def test_backend_verify_equals_twin_full_width(kv):
+    """TARGET_VERIFY (4 rows per request, two-block state ring) across a block and a page, rejected drafts
+    re-verified, the graph form with a padded request."""
+    rep = kpc.run_backend_verify(kv, "cuda", "full", _impls(kv))
+    print(json.dumps(rep))
+
+
+@pytest.mark.parametrize("kv", ["fp8_e4m3", "bfloat16"])
 def test_backend_kernel_paths_equal_twin_over_swa_pool_full_width(kv):
     """The hybrid pool under SGLang's SWA allocator after an out-of-window eviction (window slots != full)."""
     rep = kpc.run_backend_swa(kv, "cuda", "full", _impls(kv))
