@@ -208,6 +208,8 @@ class Ernie55AttnBackend(AttentionBackend):
     def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache: bool = True, **kw):
         if forward_batch.forward_mode.is_target_verify():  # SGLang routes verify here; it is a row program
             return self.forward_decode(q, k, v, layer, forward_batch, save_kv_cache, **kw)
+        if self.kernels and self._kernel_kind(kw) is not None:
+            return self._kernel_forward(q, k, layer, kw)
         if kw.get("ernie_kind") == "hca":
             return self._hca_extend(q, k.view(-1, k.shape[-1]), kw["cs"], kw["compressor"], kw["attn_sink"],
                                     layer, forward_batch)  # fmt: skip
