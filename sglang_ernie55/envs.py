@@ -6,7 +6,7 @@
 | `SGLANG_ERNIE55_SKIP_VERSION_CHECK` | `0` | `1` lets the plugin load on an SGLang other than the pinned one (unsupported) |
 | `SGLANG_ERNIE55_ALLOW_PARSERS` | `0` | `1` lets `--reasoning-parser` / `--tool-call-parser` through on the Base model |
 | `SGLANG_ERNIE55_ECHO_DUMP_DIR` | unset | tests only: the ECHO draft dumps its inputs / logits there (tests/echo) |
-| `SGLANG_ERNIE55_HCA_ATTN` | `torch` | `triton` runs HCA attention of the `ernie55` backend through the Triton sparse kernel |
+| `SGLANG_ERNIE55_ATTN_IMPL` | `auto` | compute of the `ernie55` backend: `auto` (FlashMLA where its geometry fits and it imports, else the Triton kernels on CUDA, the torch twin on CPU), `torch`, `triton`, `flashmla` (forced; an error names the layer kind and why when it cannot serve) |
 """
 
 from __future__ import annotations
@@ -32,9 +32,17 @@ def sglang_plugins_whitelist() -> set[str] | None:
     return names or None
 
 
-def hca_attn_impl() -> str:
-    """`torch` (the backend's torch twin, default) or `triton` (kernels/sparse_attn)."""
-    v = os.environ.get("SGLANG_ERNIE55_HCA_ATTN", "torch").strip().lower()
-    if v not in ("torch", "triton"):
-        raise ValueError(f"SGLANG_ERNIE55_HCA_ATTN={v!r}: legal values are 'torch' and 'triton'")
+ATTN_IMPLS = ("auto", "torch", "triton", "flashmla")
+
+
+def attn_impl() -> str:
+    """`SGLANG_ERNIE55_ATTN_IMPL`: one of ATTN_IMPLS (default `auto`); see sglang_ernie55.attention.select."""
+    if "SGLANG_ERNIE55_HCA_ATTN" in os.environ:
+        raise ValueError(
+            "SGLANG_ERNIE55_HCA_ATTN was replaced by SGLANG_ERNIE55_ATTN_IMPL (auto | torch | triton | flashmla), "
+            "which selects the compute of every layer kind; unset SGLANG_ERNIE55_HCA_ATTN"
+        )
+    v = os.environ.get("SGLANG_ERNIE55_ATTN_IMPL", "auto").strip().lower() or "auto"
+    if v not in ATTN_IMPLS:
+        raise ValueError(f"SGLANG_ERNIE55_ATTN_IMPL={v!r}: legal values are {', '.join(ATTN_IMPLS)}")
     return v

@@ -5,7 +5,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .common import encode_store, token_rows
+from .common import encode_store, round_bf16, token_rows
 
 
 @triton.jit
@@ -25,5 +25,6 @@ def kv_store_kernel(
     encode_store(x, row, srow, u8_ptr, f8_ptr, bf_ptr, f32_ptr, KIND, MAIN, NOPE, TILE, SCALE_BYTES)
     if TAIL > 0:
         dt = tl.arange(0, TAIL)
-        xt = tl.load(xrow + MAIN + dt)
-        tl.store(bf_ptr + (row + TAIL_OFF + 2 * dt) // 2, xt.to(tl.bfloat16))
+        xt = tl.load(xrow + MAIN + dt).to(tl.float32)
+        # round in integer arithmetic first (the interpreter's fp32 -> bf16 cast truncates)
+        tl.store(bf_ptr + (row + TAIL_OFF + 2 * dt) // 2, round_bf16(xt).to(tl.bfloat16))

@@ -1,19 +1,27 @@
-"""The `ernie55` attention backend, stage 1: a torch twin over `Ernie55TokenToKVPool`.
+"""The `ernie55` attention backend over `Ernie55TokenToKVPool` (docs/serving-design.md).
 
-Extend (prefill, chunked prefill, prefix hits, mixed batches) runs per request in eager torch;
-decode and speculative verify (TARGET_VERIFY: S+1 rows per request at positions L..L+S, L = seq_lens,
-causal among them, KV written at out_cache_loc) are one fixed-shape program over the batch's token rows
-(masks, scratch rows for padded rows), so SGLang's decode CUDA-graph runner captures both (it captures
-TARGET_VERIFY with S+1 tokens per request when the server speculates). The math is the reference's (sglang_ernie55.reference):
-HCA = raw window + compressed blocks + per-head sink (K = V); MLA-DSA = absorbed MLA over the
-top-`index_topk` keys of the lightning indexer (ties to the earlier position).
+The math is the reference's (sglang_ernie55.reference): HCA = raw window + compressed blocks + per-head
+sink (K = V); MLA-DSA = absorbed MLA over the top-`index_topk` keys of the lightning indexer (ties to
+the earlier position). Two computes serve it, chosen per layer kind by `SGLANG_ERNIE55_ATTN_IMPL`
+(sglang_ernie55.attention.select; logged once per kind). Decode and speculative verify (TARGET_VERIFY: S+1
+rows per request at positions L..L+S, L = seq_lens, causal among them, KV written at out_cache_loc) are
+fixed-shape programs over the batch's token rows in both computes, so SGLang's decode CUDA-graph runner
+captures both (it captures TARGET_VERIFY with S+1 tokens per request when the server speculates):
 
-Per-layer inputs come from the model through `RadixAttention(**kwargs)` (see
-sglang_ernie55.layers.attention). Helper-4's Triton kernels replace `_hca_*` / `_mla_*` in stage 2.
+- the kernels (stage 2, `kernel_path.py`; default on CUDA): Triton stores, block compression, indexer
+  and sparse attention, FlashMLA's sparse decode for the attention where its geometry fits; one
+  `KernelMeta` of index rows per forward, built on the device, read by every layer;
+- the torch twin (stage 1, the `_hca_*` / `_mla_*` methods below; the CPU path and the oracle):
+  extend runs per request in eager torch; decode is one fixed-shape program over the whole batch.
+
+Both are graph-safe in decode (static shapes; padded rows write only padding / scratch rows), so
+SGLang's decode CUDA graphs capture them. Per-layer inputs come from the model through
+`RadixAttention(**kwargs)` (see sglang_ernie55.layers.attention).
 
 Window addressing: every HCA window row is read and written at `pool.window_loc(full_loc)` (the SWA slot
 of SGLang's hybrid allocator, identity without an SWA pool); compressed entries, MLA latents, indexer keys
-and the open-block state keep full-pool / request addressing.
+and the open-block state keep full-pool / request addressing (the kernel path likewise, through
+`kernel_path.window_slots`).
 """
 
 from __future__ import annotations
@@ -23,19 +31,13 @@ from dataclasses import dataclass
 import torch
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 
+from ..configuration import LAYER_HCA, LAYER_MLA_DSA
 from ..mem_cache.pool import Ernie55TokenToKVPool
 from ..reference import functional as Fn
+from . import kernel_path as kp
+from . import select
 
-QUERY_CHUNK = 1024  # extend queries per attention block (bounds the [q, h, keys] logits)
-# HCA attention implementation: "torch" (the twin, default) or "triton" (helper-4's paged sparse MQA
-# kernel, `sglang_ernie55.kernels.sparse_attn`, over the same packed pools). MLA-DSA stays torch.
-HCA_IMPL_ENV = "SGLANG_ERNIE55_HCA_ATTN"  # read in sglang_ernie55.envs (the list of every variable)
-
-
-def hca_impl() -> str:
-    from ..envs import hca_attn_impl
-
-    return hca_attn_impl()
+QUERY_CHUNK = 1024  # twin extend: queries per attention block (bounds the [q, h, keys] logits)
 
 
 @dataclass
@@ -54,7 +56,8 @@ class DecodeMeta:
 
 
 class Ernie55AttnBackend(AttentionBackend):
-    def __init__(self, model_runner) -> None:
+    def __init__(self, model_runner, impl: str | None = None) -> None:
+        """impl: overrides SGLANG_ERNIE55_ATTN_IMPL (tests)."""
         super().__init__()
         pool = model_runner.token_to_kv_pool
         if not isinstance(pool, Ernie55TokenToKVPool):
@@ -69,8 +72,34 @@ class Ernie55AttnBackend(AttentionBackend):
         self.page_size = pool.page_size
         self.max_context_len = self.max_ctx  # read by SGLang's EAGLE verify-input builder
         self.W, self.ratio, self.topk = cfg.window_size, cfg.compress_ratio, cfg.index_topk
-        self.meta: ExtendMeta | DecodeMeta | None = None
-        self.hca_triton = hca_impl() == "triton" and not pool.dense
+        self.meta: ExtendMeta | DecodeMeta | None = None  # the twin's metadata
+        self.kmeta: kp.KernelMeta | None = None  # the kernels' metadata
+        from sglang.srt.runtime_context import get_parallel
+
+        from ..envs import attn_impl
+
+        tp = get_parallel().tp_size
+        heads = {LAYER_HCA: cfg.num_attention_heads // tp, LAYER_MLA_DSA: cfg.num_attention_heads // tp}
+        self.choice = select.resolve(impl or attn_impl(), cfg, pool, heads)
+        self.twin = any(not c.kernels for c in self.choice.values())
+        self.kernels = any(c.kernels for c in self.choice.values())
+        # page starts of every request slot (a view): page_table = page_starts[req] // page_size
+        self.page_starts = self.req_to_token[:, :: self.page_size]
+        self.graph_width = self.max_ctx
+        self._rope_tables: dict = {}
+
+    def impl(self, kind: str) -> str:
+        return self.choice[kind].impl
+
+    def rope_tables(self, inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos / sin fp32 [max_ctx, rope / 2] of the model's RoPE table (the compression kernel's), built once."""
+        key = (inv_freq.device, inv_freq.data_ptr())
+        if key not in self._rope_tables:
+            from ..reference.rope import cos_sin
+
+            pos = torch.arange(self.max_ctx, device=inv_freq.device)
+            self._rope_tables[key] = tuple(t.contiguous() for t in cos_sin(pos, inv_freq.float()))
+        return self._rope_tables[key]
 
     # ------------------------------------------------------------------ metadata
     def _round_width(self, n: int) -> int:
@@ -90,22 +119,31 @@ class Ernie55AttnBackend(AttentionBackend):
         return int(k)
 
     def init_forward_metadata(self, forward_batch) -> None:
+        """Eager: the metadata of every compute in use, once per forward."""
         mode = forward_batch.forward_mode
         if mode.is_target_verify():
             k = self._verify_rows(forward_batch)
             lens = forward_batch.seq_lens_cpu
-            width = int(lens.max()) + k if lens is not None and len(lens) else self.max_ctx
-            self.meta = DecodeMeta(self._round_width(width), k)
+            width = self._round_width(int(lens.max()) + k if lens is not None and len(lens) else self.max_ctx)
+            self.meta = DecodeMeta(width, k)
+            if self.kernels:
+                self.kmeta = self._verify_kmeta(forward_batch, k, width)
         elif mode.is_decode_or_idle():
             lens = forward_batch.seq_lens_cpu
-            width = int(lens.max()) if lens is not None and len(lens) else self.max_ctx
-            self.meta = DecodeMeta(self._round_width(width))
+            width = self._round_width(int(lens.max()) if lens is not None and len(lens) else self.max_ctx)
+            if self.twin:
+                self.meta = DecodeMeta(width)
+            if self.kernels:
+                self.kmeta = kp.decode_meta(self, forward_batch, width)
         elif mode.is_extend():
-            self.meta = ExtendMeta(
-                req=forward_batch.req_pool_indices.tolist(),
-                prefix=list(forward_batch.extend_prefix_lens_cpu),
-                extend=list(forward_batch.extend_seq_lens_cpu),
-            )
+            if self.twin:
+                self.meta = ExtendMeta(
+                    req=forward_batch.req_pool_indices.tolist(),
+                    prefix=list(forward_batch.extend_prefix_lens_cpu),
+                    extend=list(forward_batch.extend_seq_lens_cpu),
+                )
+            if self.kernels:
+                self.kmeta = kp.extend_meta(self, forward_batch)
         else:
             raise NotImplementedError(
                 f"ernie55 backend: forward mode {mode} is not a target-model mode (the ECHO draft's own "
@@ -113,22 +151,36 @@ class Ernie55AttnBackend(AttentionBackend):
             )
 
     # CUDA graphs (decode, and TARGET_VERIFY when speculating): every op reads the runner's static buffers
-    # (padded rows: req slot 0, out_cache_loc 0 = the padding page, seq_len 1); the gather width is the full
+    # (padded rows: req slot 0, out_cache_loc 0 = the padding page, seq_len 1); widths are the full
     # context, so the captured program depends on nothing but the batch size.
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
         self.graph_width = self.max_ctx
 
     def init_forward_metadata_out_graph(self, forward_batch, in_capture: bool = False) -> None:
+        """Host part (capture and every replay): nothing on the device; the twin's static width and the rows
+        per request (1, or S+1 in TARGET_VERIFY)."""
         mode = forward_batch.forward_mode
         if mode.is_target_verify():
-            self.meta = DecodeMeta(self.max_ctx, self._verify_rows(forward_batch))
+            self.meta = DecodeMeta(self.graph_width, self._verify_rows(forward_batch))
         elif mode.is_decode_or_idle():
-            self.meta = DecodeMeta(self.max_ctx)
+            self.meta = DecodeMeta(self.graph_width)
         else:
             raise NotImplementedError(f"ernie55 backend: CUDA graphs cover decode and target verify, not {mode}")
 
     def init_forward_metadata_in_graph(self, forward_batch) -> None:
-        pass
+        """Recorded into the graph: the kernels' index rows from the runner's static buffers (device ops
+        only), and fresh FlashMLA schedules that the captured first layer of each kind fills."""
+        if not self.kernels:
+            return
+        if forward_batch.forward_mode.is_target_verify():
+            self.kmeta = self._verify_kmeta(forward_batch, self.meta.per_req, self.graph_width)
+        else:
+            self.kmeta = kp.decode_meta(self, forward_batch, self.graph_width)
+
+    def _verify_kmeta(self, fb, k: int, width: int):
+        """The kernels' rows of a TARGET_VERIFY batch: k = S+1 new tokens per request at seq_lens .. seq_lens
+        + k - 1 (SGLang's seq_lens exclude them); device ops only (graph-safe)."""
+        return kp.fixed_meta(self, fb.req_pool_indices, fb.seq_lens + k, fb.out_cache_loc, k, width)
 
     def get_cuda_graph_seq_len_fill_value(self) -> int:
         return 1
@@ -156,6 +208,8 @@ class Ernie55AttnBackend(AttentionBackend):
     def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache: bool = True, **kw):
         if forward_batch.forward_mode.is_target_verify():  # SGLang routes verify here; it is a row program
             return self.forward_decode(q, k, v, layer, forward_batch, save_kv_cache, **kw)
+        if self.kernels and self._kernel_kind(kw) is not None:
+            return self._kernel_forward(q, k, layer, kw)
         if kw.get("ernie_kind") == "hca":
             return self._hca_extend(q, k.view(-1, k.shape[-1]), kw["cs"], kw["compressor"], kw["attn_sink"],
                                     layer, forward_batch)  # fmt: skip
@@ -163,13 +217,33 @@ class Ernie55AttnBackend(AttentionBackend):
                                 forward_batch)  # fmt: skip
 
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache: bool = True, **kw):
+        if self.kernels and self._kernel_kind(kw) is not None:
+            return self._kernel_forward(q, k, layer, kw)
         if kw.get("ernie_kind") == "hca":
             return self._hca_decode(q, k.view(-1, k.shape[-1]), kw["cs"], kw["compressor"], kw["attn_sink"],
                                     layer, forward_batch)  # fmt: skip
         return self._mla_decode(q, k.view(-1, k.shape[-1]), kw["index_q"], kw["index_w"], kw["index_k"], layer,
                                 forward_batch)  # fmt: skip
 
-    # ------------------------------------------------------------------ HCA
+    def _kernel_kind(self, kw) -> str | None:
+        kind = LAYER_HCA if kw.get("ernie_kind") == "hca" else LAYER_MLA_DSA
+        return kind if self.choice[kind].kernels else None
+
+    def _kernel_forward(self, q, k, layer, kw):
+        m = self.kmeta
+        if m is None or m.num_tokens != q.shape[0]:
+            raise RuntimeError(
+                f"ernie55 backend: kernel metadata for {None if m is None else m.num_tokens} tokens, the layer "
+                f"has {q.shape[0]} (init_forward_metadata must run for every forward)"
+            )
+        kv = k.view(-1, k.shape[-1])
+        if kw.get("ernie_kind") == "hca":
+            return kp.hca_forward(self, m, self.impl(LAYER_HCA), q, kv, kw["cs"], kw["compressor"],
+                                  kw["attn_sink"], layer)  # fmt: skip
+        return kp.mla_forward(self, m, self.impl(LAYER_MLA_DSA), q, kv, kw["index_q"], kw["index_w"],
+                              kw["index_k"], layer)  # fmt: skip
+
+    # ------------------------------------------------------------------ HCA (torch twin)
     def _cmp_slots(self, req: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
         """Compressed-entry slot of block(s) `blocks` of request slot(s) `req`: loc of the block's first token // ratio."""
         return torch.div(self.req_to_token[req, blocks * self.ratio], self.ratio, rounding_mode="floor")
@@ -205,24 +279,6 @@ class Ernie55AttnBackend(AttentionBackend):
             keys_cmp = cmp.read(self._cmp_slots(torch.full((nb,), req, device=q.device),
                                                 torch.arange(nb, device=q.device)))  # fmt: skip
             keys = torch.cat([keys_raw, keys_cmp], 0)
-            if self.hca_triton:
-                qpos = torch.arange(P, L, device=q.device)
-                wpos = qpos[:, None] - (W - 1) + torch.arange(W, device=q.device)
-                wslot = pool.window_loc(self.req_to_token[req, wpos.clamp(min=0)]).long()
-                widx = torch.where(wpos >= 0, wslot, -1)
-                cslots = self._cmp_slots(
-                    torch.full((nb,), req, device=q.device), torch.arange(nb, device=q.device)
-                )
-                visible = (
-                    torch.arange(nb, device=q.device)[None, :]
-                    < torch.div(qpos + 1, ratio, rounding_mode="floor")[:, None]
-                )
-                cidx = torch.where(visible, cslots[None, :].long(), -1)
-                out[off : off + E] = self._hca_kernel(
-                    q[off : off + E], win, cmp, widx, cidx, sink, layer.scaling
-                )
-                off += E
-                continue
             for c0 in range(0, E, QUERY_CHUNK):
                 c1 = min(E, c0 + QUERY_CHUNK)
                 qpos = torch.arange(P + c0, P + c1, device=q.device)
@@ -274,26 +330,11 @@ class Ernie55AttnBackend(AttentionBackend):
             self.req_to_token[req[:, None], (j * ratio)[None, :].expand(B, -1)], ratio, rounding_mode="floor"
         )
         keys_c = cmp.read(torch.where(cmask, cl, torch.full_like(cl, pool.cmp_scratch)))
-        if self.hca_triton:
-            widx = torch.where(wmask, wslots.long(), -1)
-            return self._hca_kernel(q, win, cmp, widx, torch.where(cmask, cl.long(), -1), sink, layer.scaling)
         keys = torch.cat([keys_w, keys_c], 1)
         mask = torch.cat([wmask, cmask], 1)
         return _masked_sink_attention(q, keys, keys, mask, sink, layer.scaling)
 
-    @staticmethod
-    def _hca_kernel(q, win, cmp, widx, cidx, sink, scale):
-        """helper-4's paged sparse MQA: window slots (main) + compressed slots (extra), -1 = none, sink."""
-        from ..kernels.sparse_attn import Scope, sparse_mqa_attention
-
-        out, _ = sparse_mqa_attention(
-            q.to(torch.bfloat16).contiguous(), Scope(win.pool, win.geom, widx.to(torch.int32).contiguous()),
-            Scope(cmp.pool, cmp.geom, cidx.to(torch.int32).contiguous()), sm_scale=scale, d_v=q.shape[-1],
-            sink=sink.float().contiguous(),
-        )  # fmt: skip
-        return out.float()
-
-    # ------------------------------------------------------------------ MLA-DSA
+    # ------------------------------------------------------------------ MLA-DSA (torch twin)
     def _mla_extend(self, q, kc, iq, iw, ik, layer, fb):
         pool, lid = self.pool, layer.layer_id
         lat, idx = pool.latent[lid], pool.index_k[lid]

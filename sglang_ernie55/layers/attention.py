@@ -85,6 +85,11 @@ class Compressor(nn.Module):
         self.norm = RMSNorm(D, eps=config.rms_norm_eps)
         self._rope = [rope]  # not a submodule: the table is owned by the model
 
+    @property
+    def inv_freq(self) -> torch.Tensor:
+        """The model's RoPE inverse frequencies (the kernel path's cos / sin tables come from them)."""
+        return self._rope[0].inv_freq
+
     def project(self, x: torch.Tensor) -> torch.Tensor:
         return self.wkv_gate(x)[0].float()
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -52,8 +53,10 @@ def make_prompts(vocab: int, bos: int, lengths=PROMPT_LENGTHS, seed: int = 0) ->
 
 class Server:
     def __init__(
-        self, model_path: str, *args: str, log_name: str = "server", device_args=(), timeout: float = 600
-    ):
+        self, model_path: str, *args: str, log_name: str = "server", device_args=(), timeout: float = 600,
+        env: dict | None = None,
+    ):  # fmt: skip
+        """env: extra environment variables of the server process (e.g. SGLANG_ERNIE55_ATTN_IMPL)."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         log_dir = Path(os.environ.get("SERVING_LOG_DIR") or tempfile.mkdtemp())
@@ -63,9 +66,10 @@ class Server:
                "--port", str(self.port), *device_args, *args]  # fmt: skip
         self.cmd = cmd
         self._log = open(self.log_path, "w")
-        self._log.write(" ".join(cmd) + "\n")
+        self._log.write("".join(f"{k}={v} " for k, v in (env or {}).items()) + " ".join(cmd) + "\n")
         self._log.flush()
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
+                                     env={**os.environ, **(env or {})})  # fmt: skip
         t0 = time.time()
         while True:
             if self.proc.poll() is not None:
@@ -90,6 +94,11 @@ class Server:
                 pass
             time.sleep(2)
         self.startup_s = time.time() - t0
+
+    def attention_impls(self) -> dict[str, str]:
+        """What the `ernie55` backend logged it runs each layer kind on ({'hca': 'triton', ...})."""
+        text = self.log_path.read_text(errors="replace")
+        return {m[1]: m[2] for m in re.finditer(r"ernie55 attention backend: (\w+) layers run on (\w+)", text)}
 
     def tail(self, n: int = 60) -> str:
         try:
@@ -258,14 +267,19 @@ class kv_rounded_reference:
     needed for their widths).
 
     This is the oracle for a KV dtype: the serving cache holds these values, and with index_topk < sequence
-    length a rounding-level change of a key can flip a near-tie in the DSA top-k."""
+    length a rounding-level change of a key can flip a near-tie in the DSA top-k.
 
-    def __init__(self, kv_dtype: str = "bfloat16", cfg=None):
+    `queries=True` (the backend's kernel path) also rounds to bf16 the query-side tensors the kernels read
+    in bf16: the HCA query, the MLA rope query and the indexer query (whose rounding decides DSA top-k
+    near-ties). The kernels' other roundings (the absorbed MLA query q_nope W_uk, which the reference's
+    expanded form does not have; bf16 MMA operands on the GPU) stay as tolerance."""
+
+    def __init__(self, kv_dtype: str = "bfloat16", cfg=None, queries: bool = False):
         if kv_dtype not in ("bfloat16", "fp8_e4m3"):
             raise ValueError(f"kv_dtype must be bfloat16 or fp8_e4m3, got {kv_dtype!r}")
         if kv_dtype == "fp8_e4m3" and cfg is None:
             raise ValueError("fp8_e4m3 rounding needs the model config (layout widths)")
-        self.kv_dtype, self.cfg = kv_dtype, cfg
+        self.kv_dtype, self.cfg, self.queries = kv_dtype, cfg, queries
 
     def __enter__(self):
         from sglang_ernie55.reference import functional as Fn
@@ -276,17 +290,18 @@ class kv_rounded_reference:
             codec = {"hca": rnd, "idx": rnd, "mla": lambda a, b: (rnd(a), rnd(b))}
         else:
             codec = kv_codec(self.kv_dtype, self.cfg)
+        rq = (lambda t: t.to(torch.bfloat16).float()) if self.queries else (lambda t: t)  # noqa: E731
         self._saved = (M.HCAAttention.project, M.MLADSAAttention.project, Fn.hca_compress)
         hca_project, mla_project, compress = self._saved
 
         def hca(self_, x, pos):
             q, kv, c, s = hca_project(self_, x, pos)
-            return q, codec["hca"](kv), c, s
+            return rq(q), codec["hca"](kv), c, s
 
         def mla(self_, x, pos):
             q_nope, q_pe, latent, k_pe, q_idx, k_idx, w_idx = mla_project(self_, x, pos)
             latent, k_pe = codec["mla"](latent, k_pe)
-            return q_nope, q_pe, latent, k_pe, q_idx, codec["idx"](k_idx), w_idx
+            return q_nope, rq(q_pe), latent, k_pe, rq(q_idx), codec["idx"](k_idx), w_idx
 
         M.HCAAttention.project, M.MLADSAAttention.project = hca, mla
         Fn.hca_compress = lambda *a, **k: codec["hca"](compress(*a, **k))

@@ -47,6 +47,7 @@ def test_cpu_server_matches_reference(tmp_path):
     finally:
         server.stop()
     log = server.log_path.read_text(errors="replace")
+    assert server.attention_impls() == {"hca": "torch", "mla_dsa": "torch"}, "the backend's choice log line"
     _, ref = sh.load_reference(path, "cpu")
     prompts, outs = base + [long, base[2]], first + [again, after]
     with sh.kv_rounded_reference():

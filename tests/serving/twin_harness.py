@@ -55,7 +55,7 @@ def torch_experts(model) -> None:
         def fwd(z, topk_output, ex=ex):
             w13, w2 = ex.w13_weight.float(), ex.w2_weight.float()
             inter = w2.shape[-1]
-            out = torch.zeros(z.shape[0], w2.shape[1], dtype=torch.float32)
+            out = torch.zeros(z.shape[0], w2.shape[1], dtype=torch.float32, device=z.device)
             for k in range(topk_output.topk_ids.shape[1]):
                 ids, wk = topk_output.topk_ids[:, k].long(), topk_output.topk_weights[:, k]
                 for e in ids.unique().tolist():
@@ -79,26 +79,29 @@ class Session:
 
     def __init__(
         self, model, cfg, kv_dtype: torch.dtype, num_pages: int = 64, max_ctx: int = 4096, slots: int = 8,
-        swa_pages: int | None = None, state_blocks: int = 1,
+        swa_pages: int | None = None, state_blocks: int = 1, impl: str | None = None, device: str = "cpu",
+        backend_cls=None,
     ):  # fmt: skip
+        """impl: the backend's compute (None: SGLANG_ERNIE55_ATTN_IMPL, i.e. the torch twin on CPU);
+        backend_cls: a subclass of Ernie55AttnBackend (tests)."""
         from sglang_ernie55.attention.backend import Ernie55AttnBackend
         from sglang_ernie55.mem_cache.pool import Ernie55TokenToKVPool
 
-        self.model, self.cfg, self.page = model, cfg, 256
+        self.model, self.cfg, self.page, self.device = model, cfg, 256, device
         size = num_pages * self.page
         swa = None if swa_pages is None else swa_pages * self.page
-        self.pool = Ernie55TokenToKVPool(size, self.page, kv_dtype, cfg, num_req_slots=slots, device="cpu",
+        self.pool = Ernie55TokenToKVPool(size, self.page, kv_dtype, cfg, num_req_slots=slots, device=device,
                                          swa_size=swa, state_blocks=state_blocks)  # fmt: skip
-        self.req_to_token = torch.zeros(slots, max_ctx, dtype=torch.int32)
+        self.req_to_token = torch.zeros(slots, max_ctx, dtype=torch.int32, device=device)
         self.allocator = None
         if swa is not None:
             from sglang.srt.mem_cache.allocator.swa import SWATokenToKVPoolAllocator
 
-            self.allocator = SWATokenToKVPoolAllocator(size, swa, self.page, kv_dtype, "cpu", self.pool,
+            self.allocator = SWATokenToKVPoolAllocator(size, swa, self.page, kv_dtype, device, self.pool,
                                                        need_sort=False)  # fmt: skip
         runner = SimpleNamespace(token_to_kv_pool=self.pool, model_config=SimpleNamespace(hf_config=cfg),
                                  req_to_token_pool=SimpleNamespace(req_to_token=self.req_to_token))  # fmt: skip
-        self.backend = Ernie55AttnBackend(runner)
+        self.backend = (backend_cls or Ernie55AttnBackend)(runner, impl=impl)
         self.free_pages = list(range(1, num_pages + 1))
         self.lens = [0] * slots
         self.swa_evicted = [0] * slots  # SGLang's per-request swa_evicted_seqlen
@@ -111,14 +114,15 @@ class Session:
         P = self.lens[req]
         M = max(P, self.mapped[req])
         if self.allocator is not None:
+            dev = self.device
             k = P + n - M
             if k > 0:
-                last = self.req_to_token[req, M - 1 : M].long() if M else torch.tensor([-1])
+                last = self.req_to_token[req, M - 1 : M].long() if M else torch.tensor([-1], device=dev)
                 pre, seq = torch.tensor([M]), torch.tensor([M + k])
                 if decode and k == 1:
-                    loc = self.allocator.alloc_decode(seq, seq, last)
+                    loc = self.allocator.alloc_decode(seq.to(dev), seq, last)
                 else:
-                    loc = self.allocator.alloc_extend(pre, pre, seq, seq, last, k)
+                    loc = self.allocator.alloc_extend(pre.to(dev), pre, seq.to(dev), seq, last, k)
                 if loc is None:
                     raise RuntimeError(f"SGLang's SWA allocator is out of pages (req {req}, {k} tokens at {M})")
                 self.req_to_token[req, M : M + k] = loc.to(torch.int32)
@@ -131,7 +135,7 @@ class Session:
                 self.req_to_token[req, p : p + self.page] = torch.arange(pg * self.page, (pg + 1) * self.page)
                 self.mapped[req] = p + self.page
             locs.append(int(self.req_to_token[req, p]))
-        return torch.tensor(locs, dtype=torch.int64)
+        return torch.tensor(locs, dtype=torch.int64, device=self.device)
 
     def share_prefix(self, src: int, dst: int, n: int) -> None:
         """A radix-cache hit: request `dst` starts with `n` (page-aligned) tokens of `src`'s pages."""
@@ -175,20 +179,20 @@ class Session:
         for req, ids in zip(reqs, ids_list):
             P = self.lens[req]
             locs.append(self.alloc_tokens(req, len(ids), decode=not extend))
-            pos.append(torch.arange(P, P + len(ids)))
+            pos.append(torch.arange(P, P + len(ids), device=self.device))
             prefix.append(P)
             ext.append(len(ids))
             self.lens[req] = P + len(ids)
         seq = torch.tensor([self.lens[r] for r in reqs])
         fb = SimpleNamespace(
-            forward_mode=mode, out_cache_loc=torch.cat(locs), req_pool_indices=torch.tensor(reqs),
-            seq_lens=seq, seq_lens_cpu=seq, extend_prefix_lens_cpu=prefix, extend_seq_lens_cpu=ext,
+            forward_mode=mode, out_cache_loc=torch.cat(locs), req_pool_indices=torch.tensor(reqs, device=self.device),
+            seq_lens=seq.to(self.device), seq_lens_cpu=seq, extend_prefix_lens_cpu=prefix, extend_seq_lens_cpu=ext,
             global_num_token_non_padded_cpu=None, batch_size=len(reqs),
         )  # fmt: skip
         self.backend.init_forward_metadata(fb)
         prev = set_forward_context(ForwardContext(attn_backend=self.backend))
         try:
-            ids = torch.cat([torch.as_tensor(i) for i in ids_list])
+            ids = torch.cat([torch.as_tensor(i) for i in ids_list]).to(self.device)
             hidden, _ = self.model.model(ids, torch.cat(pos), fb)
         finally:
             set_forward_context(prev)

@@ -1,0 +1,272 @@
+"""Stage 2 of the `ernie55` backend's compute: cache stores, HCA block compression, the lightning indexer
+and sparse attention on the project's Triton kernels (`sglang_ernie55.kernels`), with FlashMLA's sparse
+decode behind the same `Scope` API where its geometry fits (docs/serving-design.md sections 1, 6).
+
+One `KernelMeta` per forward (decode or extend) holds every index row the layers read: built on the
+device from `req_to_token` (no per-token host work; extend copies its two host length lists once, decode
+and its CUDA graphs make no host sync), then reused by every layer of the forward:
+
+- window rows: slots of positions max(0, p-W+1) .. p, through `window_slots` (the one place that maps
+  full-pool slots to window-pool slots), compressed rows: slots of blocks j < (p+1) // ratio, both
+  `-1` padded with lengths (kernels/hca_meta.py `hca_indices`);
+- compression jobs: one per block that completes in the batch, built on the device with a static
+  count per request (`ceil(max new tokens / ratio)`; unused jobs have out slot -1), and the per-token
+  state-update rows; `compress` is the one call site of the compression kernels;
+- the page table of the batch's requests (the indexer reads keys through it), and the query chunks of
+  the indexer (extend: bounded [chunk, keys] logits, never [queries, heads, keys]);
+- FlashMLA tile-scheduler metadata, one fresh `FlashMLASchedMeta` per (layer kind, chunk) and forward: the
+  first layer's call fills it (inside the CUDA graph when captured, so replays recompute it), later
+  layers reuse it (same shapes and lengths in every layer of a kind).
+
+Padded CUDA-graph decode rows (out_cache_loc in SGLang's padding page, slot < page_size) write their
+window / latent rows into that page, run no compression job and write no state row.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from ..kernels.hca_compress import hca_compress_store, hca_state_update
+from ..kernels.hca_meta import hca_indices
+from ..kernels.indexer import indexer_logits, indexer_topk
+from ..kernels.kv_store import kv_store
+from ..kernels.sparse_attn import Scope, flashmla_sparse_attention, sparse_mqa_attention
+from .select import FLASHMLA, FLASHMLA_HEADS
+
+INDEXER_LOGITS_BUDGET = 1 << 24  # extend: query rows x key columns of one indexer chunk (64 MiB fp32)
+ATTN_ROWS = 1 << 15  # query rows per attention call (the split kernel's grid puts tokens on CUDA's y axis, < 65536)
+FLASHMLA_TOPK_ALIGN = 64  # FlashMLA reads index rows in blocks of 64 (pad with -1)
+
+
+@dataclasses.dataclass
+class KernelMeta:
+    """Index rows of one forward, built once (`decode_meta` / `extend_meta`) and read by every layer.
+
+    T query tokens of B requests; int32 unless noted. Padded CUDA-graph rows are ordinary rows here
+    (their outputs are discarded) except that `st_req` is -1 and their jobs have out slot -1."""
+
+    tok_req: torch.Tensor  # [T] batch row of each query token
+    tok_pos: torch.Tensor  # [T] its position
+    loc: torch.Tensor  # [T] full-pool slot its KV goes to (out_cache_loc; int64)
+    win_loc: torch.Tensor  # [T] window-pool slot of the same token (window_slots(loc))
+    page_table: torch.Tensor  # [B, pages] full-pool page of position s of row b: page_table[b, s // page]
+    win_idx: torch.Tensor  # [T, window] window-pool slots, -1 padded
+    win_len: torch.Tensor  # [T]
+    cmp_idx: torch.Tensor  # [T, cmp width] compressed-pool slots, -1 padded (width % 64 == 0)
+    cmp_len: torch.Tensor  # [T]
+    jobs: tuple[torch.Tensor, ...]  # (req slot, block, ext start, tok start, out slot) [J] (out -1: none)
+    st_req: torch.Tensor  # [T] state slot of each token (-1: padded row, writes nothing)
+    st_seq: torch.Tensor  # [T] its request's sequence length after the batch
+    mla_chunks: tuple[tuple[int, int, int], ...]  # (t0, t1, logits width) query chunks of the indexer
+    sched: dict = dataclasses.field(default_factory=dict)  # FlashMLA schedules, fresh per forward
+
+    @property
+    def num_tokens(self) -> int:
+        return self.tok_req.shape[0]
+
+
+def _ceil_to(x: int, m: int) -> int:
+    return -(-x // m) * m
+
+
+def window_slots(pool, full: torch.Tensor) -> torch.Tensor:
+    """Full-pool slots (any shape, -1 = none) -> window-pool slots: the one translation of the window
+    rows. Identity while the window lives in the full pool (stage 1 pools have no `window_loc`)."""
+    to_window = getattr(pool, "window_loc", None)
+    if to_window is None:
+        return full
+    return torch.where(full >= 0, to_window(full.clamp_min(0)), full)
+
+
+def _jobs(req_to_token, req, P, L, tok_start, nj: int, ratio: int, valid):
+    """Compression jobs of blocks that complete in (P, L], nj candidates per request (static), on the
+    device. req / P / L / tok_start / valid: [B]. Returns the 5 job tensors (int32 [B * nj])."""
+    j = torch.div(P, ratio, rounding_mode="floor")[:, None] + torch.arange(nj, device=P.device)[None, :]
+    ok = ((j + 1) * ratio <= L[:, None]) & valid[:, None]
+    first = (j * ratio).clamp(max=req_to_token.shape[1] - 1)
+    out = torch.where(ok, torch.div(req_to_token[req[:, None], first], ratio, rounding_mode="floor"), -1)
+    shape = j.shape
+    return tuple(
+        t.expand(shape).reshape(-1).to(torch.int32).contiguous()
+        for t in (req[:, None], j, P[:, None], tok_start[:, None], out)
+    )
+
+
+def _common(be, req, P, L, tok_req, tok_pos, tok_start, loc, valid_tok, valid_req, cmp_width: int, nj: int,
+            mla_chunks) -> KernelMeta:  # fmt: skip
+    """req (pool rows) / P (prefix) / L (seq len) / tok_start [B]; tok_req / tok_pos / loc / valid_tok [T]."""
+    page, ratio = be.page_size, be.ratio
+    pt = be.page_starts[req.long()]
+    pt = torch.div(pt, page, rounding_mode="floor").to(torch.int32)
+    widx, wlen, cidx, clen = hca_indices(pt, pt, tok_req, tok_pos, cmp_width, be.W)
+    loc = loc.long()
+    jobs = _jobs(be.req_to_token, req.long(), P, L, tok_start, nj, ratio, valid_req)
+    st_req = torch.where(valid_tok, req.long()[tok_req.long()], -1).to(torch.int32)
+    return KernelMeta(
+        tok_req=tok_req.to(torch.int32).contiguous(), tok_pos=tok_pos.to(torch.int32).contiguous(), loc=loc,
+        win_loc=window_slots(be.pool, loc), page_table=pt.contiguous(),
+        win_idx=window_slots(be.pool, widx).to(torch.int32).contiguous(), win_len=wlen, cmp_idx=cidx,
+        cmp_len=clen, jobs=jobs, st_req=st_req, st_seq=L.long()[tok_req.long()].to(torch.int32),
+        mla_chunks=tuple(mla_chunks),
+    )  # fmt: skip
+
+
+def fixed_meta(be, req, seq_after, loc, per_req: int, width: int) -> KernelMeta:
+    """`per_req` new tokens per request at positions seq_after - per_req .. seq_after - 1 (decode: 1; a
+    verify pass: its draft width), CUDA-graph safe: device ops on the runner's buffers only. req /
+    seq_after [B]; loc [B * per_req] request-major. `width`: static upper bound of the sequence lengths
+    (the context length under graphs)."""
+    B, dev = req.shape[0], req.device
+    L = seq_after.long()
+    P = L - per_req
+    tok_req = torch.arange(B, device=dev).repeat_interleave(per_req)
+    tok_pos = P[tok_req] + torch.arange(per_req, device=dev).repeat(B)
+    valid = loc >= be.page_size  # padded graph rows point into SGLang's padding page
+    valid_req = valid.view(B, per_req)[:, 0] if B else valid
+    cmp_width = _ceil_to(max(1, -(-width // be.ratio)), FLASHMLA_TOPK_ALIGN)
+    nj = -(-per_req // be.ratio)
+    start = torch.arange(B, device=dev) * per_req
+    return _common(be, req, P, L, tok_req, tok_pos, start, loc, valid, valid_req, cmp_width, nj,
+                   [(0, B * per_req, width)])  # fmt: skip
+
+
+def decode_meta(be, fb, width: int) -> KernelMeta:
+    """Decode: one token per request (fixed_meta with per_req 1)."""
+    return fixed_meta(be, fb.req_pool_indices, fb.seq_lens, fb.out_cache_loc, 1, width)
+
+
+def extend_meta(be, fb) -> KernelMeta:
+    """Extend (prefill, chunked prefill, prefix hits, mixed batches): ragged rows from the host lists."""
+    prefix = [int(x) for x in fb.extend_prefix_lens_cpu]
+    ext = [int(x) for x in fb.extend_seq_lens_cpu]
+    req, loc = fb.req_pool_indices, fb.out_cache_loc
+    dev, B, T = req.device, len(ext), sum(ext)
+    lens = torch.tensor([prefix, ext], dtype=torch.int64).to(dev, non_blocking=True)
+    P, E = lens[0], lens[1]
+    L = P + E
+    tok_req = torch.repeat_interleave(torch.arange(B, device=dev), E, output_size=T)
+    start = torch.cumsum(E, 0) - E
+    tok_pos = P[tok_req] + torch.arange(T, device=dev) - start[tok_req]
+    seq = [p + e for p, e in zip(prefix, ext)]
+    cmp_width = _ceil_to(max(1, -(-max(seq, default=1) // be.ratio)), FLASHMLA_TOPK_ALIGN)
+    nj = max(1, -(-max(ext, default=1) // be.ratio))
+    valid_tok = torch.ones(T, dtype=torch.bool, device=dev)
+    valid_req = torch.ones(B, dtype=torch.bool, device=dev)
+    return _common(be, req, P, L, tok_req, tok_pos, start, loc, valid_tok, valid_req, cmp_width, nj,
+                   _mla_chunks(ext, seq))  # fmt: skip
+
+
+def _mla_chunks(ext: list[int], seq: list[int]) -> list[tuple[int, int, int]]:
+    """Consecutive query chunks (t0, t1, width): width = the longest sequence among the chunk's requests,
+    rows x width <= INDEXER_LOGITS_BUDGET (at least one row per chunk), rows <= ATTN_ROWS."""
+    out: list[tuple[int, int, int]] = []
+    t0 = t = width = 0
+    for e, L in zip(ext, seq):
+        done = 0
+        while done < e:
+            w = max(width, L)
+            cap = min(ATTN_ROWS, max(1, INDEXER_LOGITS_BUDGET // w))
+            if t - t0 >= cap:  # the open chunk is full at this width: close it
+                out.append((t0, t, width))
+                t0, width = t, 0
+                continue
+            n = min(e - done, cap - (t - t0))
+            t, done, width = t + n, done + n, w
+    if t > t0:
+        out.append((t0, t, width))
+    return out
+
+
+# ----------------------------------------------------------------------------- compression
+
+
+def compress(be, meta: KernelMeta, lid: int, cs: torch.Tensor, compressor) -> None:
+    """HCA block compression of one layer: every block that completes in this batch -> its compressed
+    entry (in the pool's layout), then the rows of each request's open block -> the state. The one
+    call site of the compression kernels (kernels/hca_compress.py)."""
+    pool = be.pool
+    cmp, state = pool.cmp[lid], pool.state[lid]
+    cos, sin = be.rope_tables(compressor.inv_freq)
+    w = compressor.norm.weight
+    kvs = cs if cs.dtype == torch.float32 and cs.is_contiguous() else cs.float().contiguous()
+    hca_compress_store(cmp.pool, cmp.geom, kvs, state, compressor.ape.float().contiguous(),
+                       w.float().contiguous(), compressor.eps, cos, sin, *meta.jobs)  # fmt: skip
+    hca_state_update(state, kvs, meta.tok_pos, meta.st_req, meta.st_seq)
+
+
+# ----------------------------------------------------------------------------- attention
+
+
+def _flashmla(meta: KernelMeta, key, q: torch.Tensor, main: Scope, extra: Scope | None, scale: float, d_v: int,
+              sink: torch.Tensor | None) -> torch.Tensor:  # fmt: skip
+    """flashmla_sparse_attention with the heads padded to 64 / 128 and the forward's shared schedule."""
+    import flash_mla
+
+    T, h, _ = q.shape
+    hp = next(x for x in FLASHMLA_HEADS if x >= h)
+    if hp != h:
+        q = torch.nn.functional.pad(q, (0, 0, 0, hp - h))
+        sink = None if sink is None else torch.nn.functional.pad(sink, (0, hp - h))
+    sched = meta.sched.get(key)
+    if sched is None:
+        sched = meta.sched[key] = flash_mla.get_mla_metadata()[0]
+    o, _ = flashmla_sparse_attention(q.contiguous(), main, extra, sm_scale=scale, d_v=d_v, sink=sink,
+                                     sched_meta=sched)  # fmt: skip
+    return o[:, :h]
+
+
+def hca_forward(be, meta: KernelMeta, impl: str, q, kv, cs, compressor, sink, layer) -> torch.Tensor:
+    """Store the window kv, compress completed blocks, attend window + compressed entries + sink.
+    q [T, h, D] (normed, roped), kv [T, D], cs [T, 2D] fp32. Returns o [T, h, D] fp32 (rope slice still
+    rotated: the layer applies the inverse RoPE)."""
+    lid = layer.layer_id
+    win, cmp = be.pool.win[lid], be.pool.cmp[lid]
+    T, h, D = q.shape
+    if T == 0:
+        return q.new_zeros(0, h, D, dtype=torch.float32)
+    kv_store(win.pool, win.geom, meta.win_loc, kv.reshape(T, -1).contiguous())
+    compress(be, meta, lid, cs, compressor)
+    qb = q.to(torch.bfloat16).contiguous()
+    sink = sink.float().contiguous()
+    out = torch.empty(T, h, D, dtype=torch.float32, device=q.device)
+    for ci, t0 in enumerate(range(0, T, ATTN_ROWS)):
+        t1 = min(T, t0 + ATTN_ROWS)
+        main = Scope(win.pool, win.geom, meta.win_idx[t0:t1], meta.win_len[t0:t1])
+        extra = Scope(cmp.pool, cmp.geom, meta.cmp_idx[t0:t1], meta.cmp_len[t0:t1])
+        if impl == FLASHMLA:
+            out[t0:t1] = _flashmla(meta, ("hca", ci), qb[t0:t1], main, extra, layer.scaling, D, sink)
+        else:
+            sparse_mqa_attention(qb[t0:t1], main, extra, sm_scale=layer.scaling, d_v=D, sink=sink, out=out[t0:t1])
+    return out
+
+
+def mla_forward(be, meta: KernelMeta, impl: str, q, kc, iq, iw, ik, layer) -> torch.Tensor:
+    """Store [latent | k_pe] and the indexer key, then per query chunk: indexer logits over the paged
+    key pool, exact top-k (ties to the earlier position) as latent-pool slots, sparse absorbed MLA.
+    q [T, h, R + r] (= [q_nope W_uk | q_pe]), kc [T, R + r], iq [T, nI, dI], iw [T, nI], ik [T, dI].
+    Returns o_latent [T, h, R] fp32."""
+    lid = layer.layer_id
+    lat, idx = be.pool.latent[lid], be.pool.index_k[lid]
+    T, h, _ = q.shape
+    R = layer.v_head_dim
+    if T == 0:
+        return q.new_zeros(0, h, R, dtype=torch.float32)
+    kv_store(lat.pool, lat.geom, meta.loc, kc.reshape(T, -1).contiguous())
+    kv_store(idx.pool, idx.geom, meta.loc, ik.contiguous())
+    qb = q.to(torch.bfloat16).contiguous()
+    iqb = iq.to(torch.bfloat16).contiguous()
+    iw = iw.float().contiguous()
+    out = torch.empty(T, h, R, dtype=torch.float32, device=q.device)
+    for ci, (t0, t1, width) in enumerate(meta.mla_chunks):
+        req, pos = meta.tok_req[t0:t1], meta.tok_pos[t0:t1]
+        logits = indexer_logits(iqb[t0:t1], iw[t0:t1], idx.pool, idx.geom, meta.page_table, req, pos, width)
+        sel, n = indexer_topk(logits, pos, be.topk, meta.page_table, req, be.page_size)
+        del logits
+        main = Scope(lat.pool, lat.geom, sel, n)
+        if impl == FLASHMLA:
+            out[t0:t1] = _flashmla(meta, ("mla", ci), qb[t0:t1], main, None, layer.scaling, R, None)
+        else:
+            sparse_mqa_attention(qb[t0:t1], main, None, sm_scale=layer.scaling, d_v=R, out=out[t0:t1])
+    return out

@@ -1,0 +1,144 @@
+"""Which compute serves each layer kind of the `ernie55` backend (`SGLANG_ERNIE55_ATTN_IMPL`).
+
+| value | HCA / MLA-DSA layers run on |
+| --- | --- |
+| `auto` (default) | FlashMLA's sparse decode where its geometry fits and `flash_mla` imports (fp8 KV, head width 512 / latent 512 + rope 64, <= 128 local heads padded to 64 / 128, CUDA), else the Triton kernels on CUDA; the torch twin on CPU and for dense (fp32 exactness) pools |
+| `torch` | the torch twin (the oracle; CPU path) |
+| `triton` | the Triton kernels (CUDA, or Triton's CPU interpreter under `TRITON_INTERPRET=1`) |
+| `flashmla` | FlashMLA for the attention; cache stores, compression and the indexer on the Triton kernels |
+
+A forced choice that cannot serve a layer kind raises `ValueError` naming the kind, the reason and the legal
+values. Cache stores, block compression and the lightning indexer run on the Triton kernels in both
+kernel modes (FlashMLA has no such kernels). `flash_mla` is imported lazily (it does not import on CPU).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+from ..configuration import LAYER_HCA, LAYER_MLA_DSA
+
+logger = logging.getLogger(__name__)
+
+TORCH, TRITON, FLASHMLA = "torch", "triton", "flashmla"
+FLASHMLA_HEADS = (64, 128)  # FlashMLA's sparse decode: q heads (after padding)
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice:
+    impl: str  # torch | triton | flashmla
+    why: str  # one line for the log
+
+    @property
+    def kernels(self) -> bool:
+        return self.impl != TORCH
+
+
+def _interpreting() -> bool:
+    from ..kernels._pool import interpreting
+
+    return interpreting()
+
+
+def _geometries(kind: str, pool, layer_id: int):
+    if kind == LAYER_HCA:
+        return [pool.win[layer_id].geom, pool.cmp[layer_id].geom]
+    return [pool.latent[layer_id].geom, pool.index_k[layer_id].geom]
+
+
+def triton_unfit(kind: str, cfg, pool, layer_id: int) -> str:
+    """Why the Triton kernels cannot serve this layer kind ('' when they can)."""
+    import torch
+
+    if pool.dense:
+        return "the pool holds dense fp32 rows (exactness tests only); the kernels read the packed layouts"
+    if torch.device(pool.device).type != "cuda" and not _interpreting():
+        return "no CUDA device (TRITON_INTERPRET=1 runs the kernels in Triton's CPU interpreter)"
+    from ..kernels.layout import HCA_COMPRESS_RATIO, HCA_WINDOW, PAGE_SIZE
+
+    if pool.page_size != PAGE_SIZE:
+        return f"page size {pool.page_size} (the index-row builders assume {PAGE_SIZE})"
+    if kind == LAYER_HCA and (cfg.window_size, cfg.compress_ratio) != (HCA_WINDOW, HCA_COMPRESS_RATIO):
+        return (f"window {cfg.window_size} / compress_ratio {cfg.compress_ratio} (kernels/hca_meta.py and the "
+                f"compression kernel assume {HCA_WINDOW} / {HCA_COMPRESS_RATIO})")  # fmt: skip
+    from ..kernels._pool import pool_args
+
+    for g in _geometries(kind, pool, layer_id):
+        try:
+            pool_args(g)
+        except AssertionError as e:
+            return f"layout {g.layout.value} dim {g.dim}: {e}"
+    return ""
+
+
+def flashmla_unfit(kind: str, cfg, pool, layer_id: int, heads: int) -> str:
+    """Why FlashMLA's sparse decode cannot serve this layer kind ('' when it can)."""
+    import torch
+
+    from ..kernels.layout import KVLayout
+
+    why = triton_unfit(kind, cfg, pool, layer_id)  # the stores / compression / indexer stay on Triton
+    if why:
+        return why
+    if torch.device(pool.device).type != "cuda":
+        return "FlashMLA runs on CUDA only"
+    if not pool.fp8:
+        return f"KV dtype {pool.kv_dtype} (FlashMLA's sparse decode reads fp8 pools only)"
+    g = _geometries(kind, pool, layer_id)[0]
+    want = (KVLayout.HCA_FP8, 512, 64) if kind == LAYER_HCA else (KVLayout.MLA_FP8, 512, 64)
+    if (g.layout, g.dim, g.rope) != want:
+        return (
+            f"geometry {g.layout.value} {g.dim}+{g.rope} (FlashMLA reads {want[0].value} {want[1]}+{want[2]})"
+        )
+    if heads > max(FLASHMLA_HEADS):
+        return f"{heads} local heads (FlashMLA takes at most {max(FLASHMLA_HEADS)})"
+    try:
+        import flash_mla  # noqa: F401
+    except Exception as e:  # not installed, or its CUDA library does not load here
+        return f"flash_mla does not import ({type(e).__name__}: {str(e)[:120]})"
+    return ""
+
+
+def choose(requested: str, kind: str, cfg, pool, layer_id: int, heads: int) -> Choice:
+    from ..envs import ATTN_IMPLS
+
+    if requested not in ATTN_IMPLS:
+        raise ValueError(f"SGLANG_ERNIE55_ATTN_IMPL={requested!r}: legal values are {', '.join(ATTN_IMPLS)}")
+    if requested == TORCH:
+        return Choice(TORCH, "forced")
+    if requested in (TRITON, FLASHMLA):
+        why = (triton_unfit if requested == TRITON else flashmla_unfit)(
+            kind, cfg, pool, layer_id, *(() if requested == TRITON else (heads,))
+        )
+        if why:
+            raise ValueError(
+                f"SGLANG_ERNIE55_ATTN_IMPL={requested}: cannot serve the {kind} layers: {why}. "
+                f"Legal values: {', '.join(ATTN_IMPLS)} (auto picks what fits)"
+            )
+        return Choice(requested, "forced")
+    # auto
+    import torch
+
+    if torch.device(pool.device).type != "cuda":
+        return Choice(TORCH, "auto: no CUDA device")
+    why_f = flashmla_unfit(kind, cfg, pool, layer_id, heads)
+    if not why_f:
+        return Choice(FLASHMLA, f"auto: fp8 KV, {heads} local heads")
+    why_t = triton_unfit(kind, cfg, pool, layer_id)
+    if not why_t:
+        return Choice(TRITON, f"auto: FlashMLA does not fit ({why_f})")
+    return Choice(TORCH, f"auto: no kernel fits ({why_t})")
+
+
+def resolve(requested: str, cfg, pool, heads: dict[str, int]) -> dict[str, Choice]:
+    """One Choice per layer kind present in `cfg.layer_types`, logged once per kind."""
+    out: dict[str, Choice] = {}
+    for kind in (LAYER_HCA, LAYER_MLA_DSA):
+        if kind not in cfg.layer_types:
+            continue
+        lid = cfg.layer_types.index(kind)
+        c = choose(requested, kind, cfg, pool, lid, heads[kind])
+        out[kind] = c
+        logger.info("ernie55 attention backend: %s layers run on %s (%s)", kind, c.impl, c.why)
+    return out

@@ -1,0 +1,225 @@
+"""The kernel path's selection (SGLANG_ERNIE55_ATTN_IMPL) and its per-forward metadata, on CPU without
+running a kernel: the device-built compression jobs equal the host planner's (kernels/hca_compress.py
+`plan_compress_jobs`), padded CUDA-graph rows write nothing live, window rows go through the pool's
+window translation, the indexer's query chunks stay inside their logits budget."""
+
+from __future__ import annotations
+
+import random
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+import twin_harness as th  # noqa: E402
+
+from sglang_ernie55.attention import kernel_path as kp  # noqa: E402
+from sglang_ernie55.configuration import tiny_config  # noqa: E402
+
+PAGE = 256
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _dist():
+    th.init_dist()
+
+
+def _backend(kv=torch.bfloat16, impl="torch", pool_cls=None, slots=6, pages=12, max_ctx=2048):
+    from sglang_ernie55.attention.backend import Ernie55AttnBackend
+    from sglang_ernie55.mem_cache.pool import Ernie55TokenToKVPool
+
+    cfg = tiny_config()
+    pool = (pool_cls or Ernie55TokenToKVPool)(pages * PAGE, PAGE, kv, cfg, num_req_slots=slots, device="cpu")
+    r2t = torch.zeros(slots, max_ctx, dtype=torch.int32)
+    runner = SimpleNamespace(token_to_kv_pool=pool, model_config=SimpleNamespace(hf_config=cfg),
+                             req_to_token_pool=SimpleNamespace(req_to_token=r2t))  # fmt: skip
+    return Ernie55AttnBackend(runner, impl=impl), r2t
+
+
+def _fill_pages(r2t, lens, seed=0):
+    """Shuffled pages per request slot, as SGLang's paged allocator leaves req_to_token."""
+    g = torch.Generator().manual_seed(seed)
+    pages = (torch.randperm(r2t.shape[0] * (r2t.shape[1] // PAGE), generator=g) + 1).tolist()
+    for r, n in enumerate(lens):
+        for p0 in range(0, -(-n // PAGE) * PAGE, PAGE):
+            pg = pages.pop()
+            r2t[r, p0 : p0 + PAGE] = torch.arange(pg * PAGE, (pg + 1) * PAGE)
+
+
+# ----------------------------------------------------------------------------- selection
+
+
+def test_auto_on_cpu_is_the_twin(caplog):
+    with caplog.at_level("INFO"):
+        be, _ = _backend(impl="auto")
+    assert {k: c.impl for k, c in be.choice.items()} == {"hca": "torch", "mla_dsa": "torch"}
+    assert not be.kernels and be.twin
+    lines = [r.getMessage() for r in caplog.records if "ernie55 attention backend" in r.getMessage()]
+    assert len(lines) == 2 and "hca layers run on torch" in lines[0] and "mla_dsa layers run on torch" in lines[1]
+
+
+@pytest.mark.parametrize("impl", ["triton", "flashmla"])
+def test_forced_kernels_without_a_gpu_fail_clearly(impl, monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(ValueError, match=f"SGLANG_ERNIE55_ATTN_IMPL={impl}: cannot serve the hca layers: "
+                                         r".*no CUDA device.*Legal values: auto, torch, triton, flashmla"):  # fmt: skip
+        _backend(impl=impl)
+
+
+def test_forced_flashmla_names_the_geometry(monkeypatch):
+    """Under the interpreter the Triton kernels fit the tiny geometry; FlashMLA never does (CUDA, fp8, 512)."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    be, _ = _backend(impl="triton")
+    assert {c.impl for c in be.choice.values()} == {"triton"}
+    with pytest.raises(ValueError, match="cannot serve the hca layers: FlashMLA runs on CUDA only"):
+        _backend(impl="flashmla", kv=torch.float8_e4m3fn)
+
+
+def test_dense_pool_refuses_the_kernels(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    with pytest.raises(ValueError, match="dense fp32 rows"):
+        _backend(kv=torch.float32, impl="triton")
+
+
+def test_env_variable(monkeypatch):
+    from sglang_ernie55.envs import attn_impl
+
+    monkeypatch.delenv("SGLANG_ERNIE55_ATTN_IMPL", raising=False)
+    assert attn_impl() == "auto"
+    monkeypatch.setenv("SGLANG_ERNIE55_ATTN_IMPL", " Triton ")
+    assert attn_impl() == "triton"
+    monkeypatch.setenv("SGLANG_ERNIE55_ATTN_IMPL", "cuda")
+    with pytest.raises(ValueError, match="'cuda': legal values are auto, torch, triton, flashmla"):
+        attn_impl()
+    monkeypatch.setenv("SGLANG_ERNIE55_ATTN_IMPL", "auto")
+    monkeypatch.setenv("SGLANG_ERNIE55_HCA_ATTN", "triton")
+    with pytest.raises(ValueError, match="replaced by SGLANG_ERNIE55_ATTN_IMPL"):
+        attn_impl()
+
+
+# ----------------------------------------------------------------------------- metadata
+
+
+def _extend_fb(r2t, reqs, prefix, ext):
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    loc = torch.cat([r2t[r, p : p + e].long() for r, p, e in zip(reqs, prefix, ext)])
+    return SimpleNamespace(forward_mode=ForwardMode.EXTEND, out_cache_loc=loc, req_pool_indices=torch.tensor(reqs),
+                           extend_prefix_lens_cpu=prefix, extend_seq_lens_cpu=ext)  # fmt: skip
+
+
+def _job_set(jobs):
+    rows = torch.stack(jobs, 1)
+    return sorted(tuple(r) for r in rows.tolist() if r[4] >= 0)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_extend_jobs_equal_the_host_planner(seed):
+    """Random mixed batches (fresh prefills, chunk continuations at any offset, prefix hits, decode rows):
+    the device-built jobs are exactly plan_compress_jobs' (the kernels' own host planner)."""
+    from sglang_ernie55.kernels.hca_compress import plan_compress_jobs
+
+    rnd = random.Random(seed)
+    be, r2t = _backend()
+    reqs = rnd.sample(range(6), rnd.randint(1, 5))
+    prefix = [rnd.choice([0, 256, rnd.randint(0, 700)]) for _ in reqs]
+    ext = [rnd.choice([1, rnd.randint(1, 600)]) for _ in reqs]
+    lens = [0] * 6
+    for r, p, e in zip(reqs, prefix, ext):
+        lens[r] = p + e
+    _fill_pages(r2t, lens, seed)
+    m = kp.extend_meta(be, _extend_fb(r2t, reqs, prefix, ext))
+    seq = [p + e for p, e in zip(prefix, ext)]
+    cmp = lambda i, j: int(r2t[reqs[i], 128 * j]) // 128  # noqa: E731
+    want = _job_set(plan_compress_jobs(prefix, seq, reqs, cmp))
+    assert _job_set(m.jobs) == want
+    # token rows: positions, batch rows, state slots, sequence lengths
+    pos = torch.cat([torch.arange(p, p + e) for p, e in zip(prefix, ext)])
+    assert m.tok_pos.tolist() == pos.tolist()
+    rows = torch.cat([torch.full((e,), i) for i, e in enumerate(ext)])
+    assert m.tok_req.tolist() == rows.tolist()
+    assert m.st_req.tolist() == [reqs[i] for i in rows.tolist()]
+    assert m.st_seq.tolist() == [seq[i] for i in rows.tolist()]
+    # window / compressed rows: slots of the right positions, -1 after the lengths
+    t = rnd.randrange(len(pos))
+    r, p = reqs[int(rows[t])], int(pos[t])
+    lo = max(0, p - 127)
+    assert m.win_len[t] == p - lo + 1
+    assert m.win_idx[t, : p - lo + 1].tolist() == r2t[r, lo : p + 1].tolist()
+    assert (m.win_idx[t, p - lo + 1 :] == -1).all()
+    nb = (p + 1) // 128
+    assert m.cmp_len[t] == nb and m.cmp_idx.shape[1] % 64 == 0
+    assert m.cmp_idx[t, :nb].tolist() == [cmp(int(rows[t]), j) for j in range(nb)]
+    assert (m.cmp_idx[t, nb:] == -1).all()
+    for t0, t1, width in m.mla_chunks:
+        assert (t1 - t0) * width <= kp.INDEXER_LOGITS_BUDGET or t1 - t0 == 1
+        assert width >= int(m.tok_pos[t0:t1].max()) + 1
+
+
+def test_decode_graph_rows_padded_rows_write_nothing():
+    """A padded CUDA-graph row (request slot 0, out_cache_loc 0 in the padding page, seq len 128 so that
+    it would complete a block) gets no compression job and no state row; the real rows do."""
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    be, r2t = _backend()
+    _fill_pages(r2t, [300, 128, 500])
+    fb = SimpleNamespace(forward_mode=ForwardMode.DECODE, req_pool_indices=torch.tensor([1, 2, 0]),
+                         seq_lens=torch.tensor([128, 384, 128]),
+                         out_cache_loc=torch.stack([r2t[1, 127], r2t[2, 383], torch.tensor(0)]).long())  # fmt: skip
+    m = kp.decode_meta(be, fb, be.max_ctx)
+    assert m.st_req.tolist() == [1, 2, -1]
+    assert _job_set(m.jobs) == [(1, 0, 127, 0, int(r2t[1, 0]) // 128), (2, 2, 383, 1, int(r2t[2, 256]) // 128)]
+    assert m.cmp_idx.shape == (3, -(-(2048 // 128) // 64) * 64) and m.mla_chunks == ((0, 3, 2048),)
+
+
+def test_window_rows_go_through_the_pools_translation():
+    """A pool with `window_loc` (the SWA window pool): window writes and window index rows are translated,
+    -1 stays -1; compressed rows, latent / indexer slots stay full-pool slots."""
+    from sglang_ernie55.mem_cache.pool import Ernie55TokenToKVPool
+
+    class Shifted(Ernie55TokenToKVPool):
+        def window_loc(self, full):
+            return full + 7
+
+    be, r2t = _backend(pool_cls=Shifted)
+    _fill_pages(r2t, [200])
+    m = kp.extend_meta(be, _extend_fb(r2t, [0], [150], [50]))
+    assert torch.equal(m.win_loc, m.loc + 7)
+    assert m.win_idx[0, :128].tolist() == (r2t[0, 23:151] + 7).tolist()
+    assert m.win_idx[-1].tolist() == (r2t[0, 72:200] + 7).tolist()
+    assert m.cmp_idx[-1, 0] == int(r2t[0, 0]) // 128 and m.cmp_idx[-1, 1] == -1
+
+
+def test_mla_chunks_budget(monkeypatch):
+    monkeypatch.setattr(kp, "INDEXER_LOGITS_BUDGET", 1000)
+    ext, seq = [5, 300, 1, 40], [5, 310, 400, 2000]
+    ch = kp._mla_chunks(ext, seq)
+    assert ch[0][0] == 0 and ch[-1][1] == sum(ext)
+    assert all(a[1] == b[0] for a, b in zip(ch, ch[1:]))
+    starts = [0, 5, 305, 306]
+    for t0, t1, w in ch:
+        assert (t1 - t0) * w <= 1000 or t1 - t0 == 1
+        need = max(seq[i] for i, s in enumerate(starts) if s < t1 and s + ext[i] > t0)
+        assert w == need
+
+
+@pytest.mark.parametrize("k", [1, 3, 4])
+def test_fixed_rows_per_request_equal_the_extend_rows(k):
+    """fixed_meta with k new tokens per request (decode: 1; a verify pass: steps + 1) builds the same rows,
+    jobs and state targets as extend_meta of the same batch written as an extend."""
+    be, r2t = _backend()
+    reqs, seq = [3, 0, 5], [130, 384, 1000]
+    lens = [0] * 6
+    for r, n in zip(reqs, seq):
+        lens[r] = n
+    _fill_pages(r2t, lens, seed=k)
+    prefix = [n - k for n in seq]
+    ext_m = kp.extend_meta(be, _extend_fb(r2t, reqs, prefix, [k] * 3))
+    loc = torch.cat([r2t[r, p : p + k].long() for r, p in zip(reqs, prefix)])
+    fix_m = kp.fixed_meta(be, torch.tensor(reqs), torch.tensor(seq), loc, k, 1000)
+    for f in ("tok_req", "tok_pos", "loc", "win_loc", "win_idx", "win_len", "cmp_idx", "cmp_len", "st_req", "st_seq"):
+        assert torch.equal(getattr(fix_m, f).long(), getattr(ext_m, f).long()), f
+    assert _job_set(fix_m.jobs) == _job_set(ext_m.jobs) and len(_job_set(fix_m.jobs)) == 1 + (k >= 3)  # 384; 128

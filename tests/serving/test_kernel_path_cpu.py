@@ -1,0 +1,74 @@
+"""The `ernie55` backend's kernel path (Triton, in Triton's CPU interpreter: a subprocess, so that
+TRITON_INTERPRET=1 is set before triton is imported) against its torch twin, tiny geometry, bf16 and fp8
+pools. The scenarios and criteria are in kernel_path_check.py (the GPU suite runs the same at full width)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+CHECK = Path(__file__).with_name("kernel_path_check.py")
+
+
+def _run(*args: str) -> dict:
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    # the check opens its own world-1 group: not on the port this test process may already hold
+    for k in ("SGLANG_ERNIE55_ATTN_IMPL", "MASTER_PORT", "MASTER_ADDR", "RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        env.pop(k, None)
+    r = subprocess.run([sys.executable, str(CHECK), *args], env=env, capture_output=True, text=True, timeout=1200)
+    assert r.returncode == 0, r.stderr[-4000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kv", ["bfloat16", "fp8_e4m3"])
+def test_kernel_path_equals_twin_in_the_backend(kv):
+    """Mixed extend (a block completed from state rows, two from batch rows, a page crossed), a prefix hit
+    into a slot with stale state, batched decode completing a block, a graph-width decode with a padded row:
+    outputs to fp32 rounding (1e-5 of their scale), stored rows and open-block state byte for byte."""
+    rep = _run("backend", kv, "cpu", "tiny", "triton")
+    assert set(rep["steps"]) == {"mixed_extend", "short_prefill", "prefix_hit", "decode0", "decode1", "decode2",
+                                 "graph_decode_padded"}  # fmt: skip
+    print(json.dumps(rep))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kv", ["bfloat16", "fp8_e4m3"])
+def test_kernel_path_verify_equals_twin(kv):
+    """TARGET_VERIFY (4 rows per request) on the two-block state ring: rows crossing a compression block
+    and a page, rejected drafts re-verified over the same slots, the graph form with a padded request."""
+    rep = _run("backend_verify", kv, "cpu", "tiny", "triton")
+    assert set(rep["steps"]) == {"verify_cross_block", "verify_after_reject", "verify_graph_padded"}
+
+
+@pytest.mark.slow
+def test_kernel_path_equals_twin_over_the_swa_pool():
+    """The hybrid pool under SGLang's SWATokenToKVPoolAllocator after an out-of-window eviction (a request
+    whose window slots are not its full slots): extend, decode, graph-width decode with a padded row."""
+    rep = _run("backend_swa", "bfloat16", "cpu", "tiny", "triton")
+    assert set(rep["steps"]) == {"swa_mixed_extend", "swa_decode0", "swa_decode1", "swa_graph_decode_padded"}
+
+
+@pytest.mark.slow
+def test_static_buffer_decode_steps_equal_eager():
+    """The CUDA-graph decode protocol without a GPU: metadata built once per step from the same static
+    buffers (3 live rows + 1 padded row, new tokens copied in, one completing a block), equal to the eager
+    kernel path and to the twin, three steps (the GPU test replays a captured graph instead)."""
+    rep = _run("graph", "bfloat16", "cpu", "tiny", "triton,torch")
+    assert len(rep["steps"]) == 3 and all(set(s) == {"triton", "torch"} for s in rep["steps"])
+
+
+@pytest.mark.slow
+def test_kernel_path_model_equals_rounded_twin():
+    """The tiny model end to end (layers -> backend kwargs -> kernels) equals the twin fed the same
+    bf16-rounded queries: same greedy token at every position, logits to 2e-3 of their scale."""
+    rep = _run("model", "bfloat16", "cpu")
+    r = rep["rounded_twin"]
+    print(json.dumps(rep))
+    assert r["top1_equal"] == rep["positions"], rep
+    assert r["max_logit_diff"] <= 2e-3 * r["logit_scale"], rep
