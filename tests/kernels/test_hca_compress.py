@@ -33,7 +33,7 @@ class _Harness:
     def cmp_slot(self, r, j):
         return r * self.max_blocks + j
 
-    def step(self, pre, end, kvs_list):
+    def step(self, pre, end, kvs_list, twin: bool = True):
         """One batch: request r's rows pre[r] .. end[r]-1 are kvs_list[r] (fp32 [end-pre, 2D]).
         Returns the job list (as the twin's input) and the batch rows."""
         B = len(pre)
@@ -47,7 +47,7 @@ class _Harness:
                            self.cos, self.sin, *jobs)  # fmt: skip
         # the twin (kernels_ref) of the same jobs, on the same state, encoded like the store
         live = jobs[4] >= 0
-        if live.any():
+        if live.any() and twin:
             want = R.hca_compress_jobs(kvs.cpu(), state_before.cpu(), self.ape, self.w, self.eps, self.inv,
                                        self.rope, *(j[live].cpu() for j in jobs[:4]))  # fmt: skip
             enc = self.pool.cpu().clone()
@@ -125,7 +125,7 @@ SCHEDULES = [
 ]
 
 
-def _spec_run(kv, blocks, dim=128, rope=64, check_state=True):
+def _spec_run(kv, blocks, dim=128, rope=64, check_state=True, twin=True):
     h = _Harness(kv, len(SCHEDULES), 400, blocks, dim, rope)
     g = torch.Generator().manual_seed(1)
     committed = [torch.randn(p, 2 * dim, generator=g) for p, _ in SCHEDULES]
@@ -133,7 +133,7 @@ def _spec_run(kv, blocks, dim=128, rope=64, check_state=True):
     for k in range(len(SCHEDULES[0][1])):
         pre = [c.shape[0] for c in committed]
         rows = [torch.randn(sched[k][0], 2 * dim, generator=g) for _, sched in SCHEDULES]
-        h.step(pre, [p + x.shape[0] for p, x in zip(pre, rows)], rows)
+        h.step(pre, [p + x.shape[0] for p, x in zip(pre, rows)], rows, twin)
         for r, (_, sched) in enumerate(SCHEDULES):
             committed[r] = torch.cat([committed[r], rows[r][: sched[k][1] + 1]])
     return [h.check(r, c, c.shape[0], check_state) for r, c in enumerate(committed)]
@@ -151,7 +151,9 @@ def test_hca_compress_rejected_drafts_one_block_ring_loses_rows():
     """Control: the same rounds with a one-block ring (no speculative state) corrupt block 0 of request 0
     (the rejected rows past 127 overwrote its first rows) and block 1 of request 1 (the rows of a block completed
 by a verify are not kept), so the test above is sensitive to the ring."""
-    errs = _spec_run("bf16", blocks=1, check_state=False)
+    # no kernel-vs-twin equality here: the corrupted state holds never-written rows, whose NaN / garbage the
+    # GPU's fused exp / max order propagates differently from the twin (seen on the H200: every entry differed)
+    errs = _spec_run("bf16", blocks=1, check_state=False, twin=False)
     assert all(e != e or e > 10 * _tol("bf16") for e in errs), errs  # NaN: a row never written was read
 
 

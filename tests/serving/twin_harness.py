@@ -23,11 +23,41 @@ def init_dist() -> None:
     """World-1 gloo group + model-parallel groups (SGLang layers need them even at TP 1)."""
     import os
 
-    from sglang.test.layer_ut_utils import init_single_process_dist
-
     if "MASTER_PORT" not in os.environ:
         os.environ["MASTER_PORT"] = str(free_port())
+    try:
+        from sglang.test.layer_ut_utils import init_single_process_dist
+    except ImportError:  # the lent GPU's SGLang runtime ships without sglang.test: the same steps
+        init_single_process_dist = _init_single_process_dist
     init_single_process_dist()
+
+
+def _init_single_process_dist(backend: str = "gloo") -> None:
+    """sglang.test.layer_ut_utils.init_single_process_dist of SGLang 0.5.23, for runtimes without sglang.test."""
+    import os
+
+    from sglang.srt.distributed.parallel_state import (
+        init_distributed_environment,
+        initialize_model_parallel,
+        model_parallel_is_initialized,
+    )
+
+    for k, v in (("MASTER_ADDR", "127.0.0.1"), ("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0")):
+        os.environ.setdefault(k, v)
+    if not torch.distributed.is_initialized():
+        init_distributed_environment(world_size=1, rank=0, local_rank=0, backend=backend)
+    if not model_parallel_is_initialized():
+        from sglang.srt.distributed import parallel_state
+        from sglang.srt.runtime_context import SpawnRanks, get_parallel, publish, reset_context
+        from sglang.srt.server_args import ServerArgs
+
+        # sglang.test.test_utils.publish_build_topology(tp_size=1, ep_size=1, pp_size=1)
+        reset_context()
+        publish(ServerArgs(model_path="dummy", tp_size=1, ep_size=1, pp_size=1), role="test",
+                ranks=SpawnRanks(world_rank=0))  # fmt: skip
+        if parallel_state._WORLD is not None:
+            get_parallel().override_permanently(world_group=parallel_state._WORLD)
+        initialize_model_parallel(backend=backend)
 
 
 def build_model(cfg, quant_config=None, dtype: torch.dtype = torch.bfloat16):
