@@ -19,6 +19,9 @@ if [ -f .peers/flash_mla.tar.xz ]; then
   mkdir -p /tmp/peers && tar -C /tmp/peers -xJf .peers/flash_mla.tar.xz && export PYTHONPATH="$PYTHONPATH:/tmp/peers"
 fi
 export SERVING_LOG_DIR="$out/serving"
+# several pytest processes score on the host at once: without a cap each takes every core (the 2026-12-02
+# run of all five at once timed out in the reference scoring)
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-3}"
 names=(group_bf16 group_fp8 kernel_path echo kernels)
 if [ "${1:-}" = "--full-width" ]; then names+=(full_width); shift; fi
 [ $# -gt 0 ] && names=("$@")

@@ -159,7 +159,9 @@ def _baseline(path, prompts, cfg):
 
 def _score(path, prompts, outs):
     _, ref = sh.load_reference(path, "cuda")
-    with sh.kv_rounded_reference():
+    # the servers run the kernel path (auto on CUDA), which feeds the attention bf16 queries: the oracle
+    # rounds them too (as tests/serving/test_server_gpu.py does for its kernel-path servers)
+    with sh.kv_rounded_reference(queries=True):
         return sh.score(ref, prompts, outs, "cuda", eps=TIE_NATS)
 
 

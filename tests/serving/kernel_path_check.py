@@ -192,6 +192,10 @@ def compare(cfg, pool, got: dict, want: dict, snap_g: dict, snap_w: dict, kv: st
                 rows = torch.arange(first, n, device=a.device) % ring
                 assert torch.equal(a[req, rows], b[req, rows]), f"{tag}: {name} open-block rows of slot {req} differ"
         else:
+            # page 0 is SGLang's padding page: every padded CUDA-graph row writes its rows there (a padded
+            # verify request writes S+1 rows to the same slot: which one lands is the GPU's order, seen on
+            # the H200), and nothing ever reads it
+            a, b = a[1:], b[1:]
             assert torch.equal(a, b), f"{tag}: {name} bytes differ ({int((a != b).sum())} bytes)"
     return rep
 
