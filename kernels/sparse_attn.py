@@ -79,6 +79,7 @@ def sparse_mqa_attention(
     q: torch.Tensor, main: Scope, extra: Scope | None = None, *, sm_scale: float, d_v: int,
     sink: torch.Tensor | None = None, out: torch.Tensor | None = None, num_splits: int | None = None,
     block_h: int | None = None, block_n: int = 32, num_warps: int | None = None, num_stages: int = 1,
+    split_keys: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """Returns (out [T, h, d_v] bf16 (or ``out``'s dtype), lse [T, h] fp32, natural log, without the sink).
 
@@ -89,6 +90,11 @@ def sparse_mqa_attention(
     out:   optional [T, h, d_v] tensor written in place (any float dtype; last dim contiguous).
     num_splits / block_h / block_n / num_warps / num_stages: tuning; defaults pick a split count that
            gives ~2 programs per SM.
+    split_keys: batch-invariant mode (SGLang's --enable-deterministic-inference): every split covers
+           exactly this many keys of the query's own key sequence (a multiple of block_n) and the result
+           always goes through the combine pass, so a query's output depends only on its own keys, never
+           on the batch's size, index widths or the other queries (the default split count follows the
+           batch: T and the widest index row). Excludes ``num_splits``.
     """
     a = pool_args(main.geom)
     T, H, D = q.shape
@@ -124,13 +130,20 @@ def sparse_mqa_attention(
     KA = main.indices.shape[1]
     KB = extra.indices.shape[1] if extra is not None else 0
     total = max(KA + KB, 1)
-    if num_splits is None:
-        want = max(1, triton.cdiv(2 * _num_sms(q.device), T * n_hb))
-        # >= 256 keys per split: a split writes h * d_v * 4 B of partials (128 KiB at h = 64)
-        num_splits = min(want, triton.cdiv(total, max(256, block_n)))
-    chunk = triton.cdiv(triton.cdiv(total, num_splits), block_n) * block_n
+    if split_keys is not None:
+        check(num_splits is None, "split_keys and num_splits exclude each other")
+        check(split_keys > 0 and split_keys % block_n == 0,
+              f"split_keys: a positive multiple of block_n={block_n}, got {split_keys}")  # fmt: skip
+        chunk = split_keys
+    else:
+        if num_splits is None:
+            want = max(1, triton.cdiv(2 * _num_sms(q.device), T * n_hb))
+            # >= 256 keys per split: a split writes h * d_v * 4 B of partials (128 KiB at h = 64)
+            num_splits = min(want, triton.cdiv(total, max(256, block_n)))
+        chunk = triton.cdiv(triton.cdiv(total, num_splits), block_n) * block_n
     num_splits = triton.cdiv(total, chunk)
-    single = num_splits == 1
+    # batch-invariant mode never takes the one-split shortcut: it rounds differently from the combine pass
+    single = num_splits == 1 and split_keys is None
     if single:
         part = plse = lse
     else:

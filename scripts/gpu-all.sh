@@ -6,6 +6,8 @@
 #   kernel_path              tests/serving/test_kernel_path_gpu.py (the backend's kernels vs its twin, full width)
 #   echo                     tests/echo/test_echo_gpu.py (ECHO through EAGLE, steps 1-3, CUDA graphs)
 #   kernels                  tests/kernels (every kernel vs the reference)
+#   deterministic            tests/serving/test_deterministic_gpu.py (--enable-deterministic-inference: eager /
+#                            graphs / prefix hits / ECHO steps 1-3 bit-identical)
 #   full_width               tests/serving/test_full_width_gpu.py (only with --full-width: its timings
 #                            would be taken beside the others; run it alone for numbers)
 # Carry [".gpu", ".peers"]. Logs under $OUT; a summary last.   bash scripts/gpu-all.sh [--full-width] [names...]
@@ -40,6 +42,7 @@ for n in "${names[@]}"; do
     kernel_path) run kernel_path 0.1 tests/serving/test_kernel_path_gpu.py & ;;
     echo) run echo 0.1 tests/echo/test_echo_gpu.py & ;;
     kernels) run kernels 0.1 tests/kernels & ;;
+    deterministic) run deterministic 0.1 tests/serving/test_deterministic_gpu.py & ;;
     *) echo "unknown suite $n"; exit 2 ;;
   esac
   pids+=($!); sleep 3

@@ -362,6 +362,15 @@ def test_full_model_deepep_message(ernie_full):
     assert "holds 256 of the 512 routed experts," in msg
 
 
+@pytest.mark.parametrize("extra", [[], ["--speculative-algorithm", "EAGLE"]], ids=["plain", "echo"])
+def test_deterministic_inference_keeps_ernie55_and_the_radix_cache(ernie, extra):
+    """SGLang refuses --enable-deterministic-inference for backends outside its lists; ernie55 is batch
+    invariant (fixed key splits) and prefix hits recompute nothing, so it joins both lists."""
+    d = resolved(ernie, "--enable-deterministic-inference", *extra)
+    assert d["enable_deterministic_inference"] and d["attention_backend"] == "ernie55"
+    assert d["disable_radix_cache"] is False and d["sampling_backend"] == "pytorch"
+
+
 # ============================================================================================ other architectures
 def test_control_architecture_keeps_sglangs_defaults(qwen):
     d = resolved(qwen)

@@ -39,9 +39,13 @@ def register() -> None:
     # backend factory itself is registered by sglang_ernie55.attention, not here.
     from sglang.srt.arg_groups.choices import (
         ATTENTION_BACKEND_CHOICES,
+        DETERMINISTIC_ATTENTION_BACKEND_CHOICES,
         DRAFT_ATTENTION_BACKEND_CHOICES,
+        RADIX_SUPPORTED_DETERMINISTIC_ATTENTION_BACKEND,
         add_attention_backend_choices,
+        add_deterministic_attention_backend_choices,
         add_draft_attention_backend_choices,
+        add_radix_supported_deterministic_attention_backend_choices,
     )
 
     from . import overrides, requests, resolution
@@ -51,6 +55,13 @@ def register() -> None:
         add_attention_backend_choices([ATTENTION_BACKEND])
     if ATTENTION_BACKEND not in DRAFT_ATTENTION_BACKEND_CHOICES:
         add_draft_attention_backend_choices([ATTENTION_BACKEND])
+    # --enable-deterministic-inference: the backend's kernels are batch invariant (fixed key splits, rows
+    # independent of each other), also across radix-cache prefix hits (a hit recomputes no cached row and a
+    # row's keys are the same stored values); see docs/serving-design.md "Deterministic inference"
+    if ATTENTION_BACKEND not in DETERMINISTIC_ATTENTION_BACKEND_CHOICES:
+        add_deterministic_attention_backend_choices([ATTENTION_BACKEND])
+    if ATTENTION_BACKEND not in RADIX_SUPPORTED_DETERMINISTIC_ATTENTION_BACKEND:
+        add_radix_supported_deterministic_attention_backend_choices([ATTENTION_BACKEND])
     overrides.register()
     resolution.register()
     requests.register()

@@ -344,6 +344,10 @@ ERNIE55_FLAG_RULES: tuple[FlagRule, ...] = (
              "error on the Base model; `SGLANG_ERNIE55_ALLOW_PARSERS=1` lets them through with a warning "
              "(for your own fine-tune that emits that format)"),
     FlagRule("`--hicache-size`", "error: use `--hicache-ratio` (e.g. 2)"),
+    FlagRule("`--enable-deterministic-inference`",
+             "accepted with `ernie55` and the radix cache kept: attention on the Triton kernels with fixed key "
+             "splits (FlashMLA is skipped), SGLang's batch-invariant GEMMs / MoE config; greedy output is then "
+             "bit-identical across batch composition, CUDA graphs, prefix hits and ECHO on / off"),
     FlagRule("`--context-length` > 131072",
              "warning: also lower `--max-running-requests` (single digits) and `--cuda-graph-max-bs-decode`"),
     FlagRule("request `n` > 1 under PD disaggregation", "HTTP 400 (sub-requests would share one bootstrap room and hang)"),

@@ -55,9 +55,21 @@ class DecodeMeta:
     per_req: int = 1  # query rows per request: 1 (decode) or S+1 (verify)
 
 
+def deterministic_inference() -> bool:
+    """SGLang's `--enable-deterministic-inference` of the running server (False outside a server, where SGLang's
+    runtime context is not published, e.g. in-process tests)."""
+    from sglang.srt.runtime_context import get_exec
+
+    try:
+        return bool(get_exec().deterministic.enable_deterministic_inference)
+    except ValueError:  # "... not published": no server configuration in this process
+        return False
+
+
 class Ernie55AttnBackend(AttentionBackend):
-    def __init__(self, model_runner, impl: str | None = None) -> None:
-        """impl: overrides SGLANG_ERNIE55_ATTN_IMPL (tests)."""
+    def __init__(self, model_runner, impl: str | None = None, deterministic: bool | None = None) -> None:
+        """impl: overrides SGLANG_ERNIE55_ATTN_IMPL; deterministic: overrides the server's
+        --enable-deterministic-inference (both for in-process tests)."""
         super().__init__()
         pool = model_runner.token_to_kv_pool
         if not isinstance(pool, Ernie55TokenToKVPool):
@@ -80,7 +92,10 @@ class Ernie55AttnBackend(AttentionBackend):
 
         tp = get_parallel().tp_size
         heads = {LAYER_HCA: cfg.num_attention_heads // tp, LAYER_MLA_DSA: cfg.num_attention_heads // tp}
-        self.choice = select.resolve(impl or attn_impl(), cfg, pool, heads)
+        self.deterministic = deterministic_inference() if deterministic is None else deterministic
+        self.choice = select.resolve(impl or attn_impl(), cfg, pool, heads, self.deterministic)
+        # batch-invariant attention splits (kernel path) under --enable-deterministic-inference
+        self.split_keys = kp.DETERMINISTIC_SPLIT_KEYS if self.deterministic else None
         self.twin = any(not c.kernels for c in self.choice.values())
         self.kernels = any(c.kernels for c in self.choice.values())
         # page starts of every request slot (a view): page_table = page_starts[req] // page_size

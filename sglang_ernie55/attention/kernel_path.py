@@ -38,6 +38,9 @@ from .select import FLASHMLA, FLASHMLA_HEADS
 INDEXER_LOGITS_BUDGET = 1 << 24  # extend: query rows x key columns of one indexer chunk (64 MiB fp32)
 ATTN_ROWS = 1 << 15  # query rows per attention call (the split kernel's grid puts tokens on CUDA's y axis, < 65536)
 FLASHMLA_TOPK_ALIGN = 64  # FlashMLA reads index rows in blocks of 64 (pad with -1)
+# --enable-deterministic-inference: keys per attention split, fixed, so that a query's result depends only on
+# its own keys (kernels/sparse_attn.py `split_keys`); 256 is the default mode's minimum split
+DETERMINISTIC_SPLIT_KEYS = 256
 
 
 @dataclasses.dataclass
@@ -238,7 +241,8 @@ def hca_forward(be, meta: KernelMeta, impl: str, q, kv, cs, compressor, sink, la
         if impl == FLASHMLA:
             out[t0:t1] = _flashmla(meta, ("hca", ci), qb[t0:t1], main, extra, layer.scaling, D, sink)
         else:
-            sparse_mqa_attention(qb[t0:t1], main, extra, sm_scale=layer.scaling, d_v=D, sink=sink, out=out[t0:t1])
+            sparse_mqa_attention(qb[t0:t1], main, extra, sm_scale=layer.scaling, d_v=D, sink=sink, out=out[t0:t1],
+                                 split_keys=be.split_keys)  # fmt: skip
     return out
 
 
@@ -268,5 +272,6 @@ def mla_forward(be, meta: KernelMeta, impl: str, q, kc, iq, iw, ik, layer) -> to
         if impl == FLASHMLA:
             out[t0:t1] = _flashmla(meta, ("mla", ci), qb[t0:t1], main, None, layer.scaling, R, None)
         else:
-            sparse_mqa_attention(qb[t0:t1], main, None, sm_scale=layer.scaling, d_v=R, out=out[t0:t1])
+            sparse_mqa_attention(qb[t0:t1], main, None, sm_scale=layer.scaling, d_v=R, out=out[t0:t1],
+                                 split_keys=be.split_keys)
     return out

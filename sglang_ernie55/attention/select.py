@@ -8,7 +8,10 @@
 | `flashmla` | FlashMLA for the attention; cache stores, compression and the indexer on the Triton kernels |
 
 A forced choice that cannot serve a layer kind raises `ValueError` naming the kind, the reason and the legal
-values. Cache stores, block compression and the lightning indexer run on the Triton kernels in both
+values. Under SGLang's `--enable-deterministic-inference` only the Triton kernels serve on CUDA, in their
+batch-invariant mode (fixed key splits, kernels/sparse_attn.py `split_keys`): `auto` skips FlashMLA (its tile
+scheduler splits keys by the batch's shape) and a forced `flashmla` or `torch` (the twin's reductions follow
+the batch's widths) is refused; on CPU the twin serves with a warning (nothing there is batch invariant). Cache stores, block compression and the lightning indexer run on the Triton kernels in both
 kernel modes (FlashMLA has no such kernels). `flash_mla` is imported lazily (it does not import on CPU).
 """
 
@@ -100,11 +103,18 @@ def flashmla_unfit(kind: str, cfg, pool, layer_id: int, heads: int) -> str:
     return ""
 
 
-def choose(requested: str, kind: str, cfg, pool, layer_id: int, heads: int) -> Choice:
+DETERMINISTIC_NOTE = "--enable-deterministic-inference needs batch-invariant attention"
+
+
+def choose(
+    requested: str, kind: str, cfg, pool, layer_id: int, heads: int, deterministic: bool = False
+) -> Choice:
     from ..envs import ATTN_IMPLS
 
     if requested not in ATTN_IMPLS:
         raise ValueError(f"SGLANG_ERNIE55_ATTN_IMPL={requested!r}: legal values are {', '.join(ATTN_IMPLS)}")
+    if deterministic:
+        return _choose_deterministic(requested, kind, cfg, pool, layer_id)
     if requested == TORCH:
         return Choice(TORCH, "forced")
     if requested in (TRITON, FLASHMLA):
@@ -131,14 +141,39 @@ def choose(requested: str, kind: str, cfg, pool, layer_id: int, heads: int) -> C
     return Choice(TORCH, f"auto: no kernel fits ({why_t})")
 
 
-def resolve(requested: str, cfg, pool, heads: dict[str, int]) -> dict[str, Choice]:
+def _choose_deterministic(requested: str, kind: str, cfg, pool, layer_id: int) -> Choice:
+    """--enable-deterministic-inference: the Triton kernels with fixed key splits, or (CPU only) the twin."""
+    import torch
+
+    on_cuda = torch.device(pool.device).type == "cuda"
+    if requested == FLASHMLA or (requested == TORCH and on_cuda):
+        why = ("FlashMLA's tile scheduler splits each query's keys by the batch's shape" if requested == FLASHMLA
+               else "the torch twin's reductions follow the batch's gather widths")  # fmt: skip
+        raise ValueError(
+            f"SGLANG_ERNIE55_ATTN_IMPL={requested}: {DETERMINISTIC_NOTE} and {why}; use auto or triton "
+            f"(the Triton kernels with fixed key splits), or drop --enable-deterministic-inference"
+        )
+    if requested == TORCH or (requested == "auto" and not on_cuda):
+        logger.warning("ernie55: --enable-deterministic-inference on the torch twin (no CUDA device): %s layer "
+                       "results may still depend on the batch's composition", kind)  # fmt: skip
+        return Choice(TORCH, "deterministic inference without CUDA: the twin, not batch invariant")
+    why = triton_unfit(kind, cfg, pool, layer_id)
+    if why:
+        raise ValueError(f"ernie55: {DETERMINISTIC_NOTE} (the Triton kernels with fixed key splits), but they "
+                         f"cannot serve the {kind} layers: {why}")  # fmt: skip
+    return Choice(TRITON, "deterministic inference: batch-invariant key splits")
+
+
+def resolve(
+    requested: str, cfg, pool, heads: dict[str, int], deterministic: bool = False
+) -> dict[str, Choice]:
     """One Choice per layer kind present in `cfg.layer_types`, logged once per kind."""
     out: dict[str, Choice] = {}
     for kind in (LAYER_HCA, LAYER_MLA_DSA):
         if kind not in cfg.layer_types:
             continue
         lid = cfg.layer_types.index(kind)
-        c = choose(requested, kind, cfg, pool, lid, heads[kind])
+        c = choose(requested, kind, cfg, pool, lid, heads[kind], deterministic)
         out[kind] = c
         logger.info("ernie55 attention backend: %s layers run on %s (%s)", kind, c.impl, c.why)
     return out

@@ -169,3 +169,111 @@ def test_hca_attention_inverse_rope_tiny():
     ref = o.float().cpu()
     ref[..., -64:] = rope.apply_rope_interleaved(ref[..., -64:], pos.cpu(), inv, inverse=True)
     assert rel(got.cpu(), ref) < 1e-2
+
+
+# ---------------------------------------------------------------- batch invariance (deterministic inference)
+def _widen(idx: torch.Tensor, extra_cols: int) -> torch.Tensor:
+    """The same index rows, wider (as a CUDA-graph batch pads them to the context's width)."""
+    return torch.cat([idx, idx.new_full((idx.shape[0], extra_cols), -1)], 1).contiguous()
+
+
+def _run_in_batches(q, scopes, split_keys, **kw):
+    """Each query alone (T = 1, narrowest rows), then all in one batch with 64 more -1 columns per scope, in
+    reversed order. Outputs in fp32, as serving takes them (a bf16 output would round differences away).
+    Returns (alone [T, h, d], batched [T, h, d]) in the original order."""
+    T, H = q.shape[:2]
+    out = lambda n: poison((n, H, kw["d_v"]), torch.float32)  # noqa: E731
+    alone = []
+    for t in range(T):
+        sc = [Scope(s.pool, s.geom, s.indices[t : t + 1, : max(1, int(s.lengths[t]))].contiguous(),
+                    s.lengths[t : t + 1].contiguous()) for s in scopes]  # fmt: skip
+        o, _ = sparse_mqa_attention(q[t : t + 1].contiguous(), *sc, split_keys=split_keys, out=out(1), **kw)
+        alone.append(o)
+    rev = torch.arange(T - 1, -1, -1, device=q.device)
+    sc = [Scope(s.pool, s.geom, _widen(s.indices[rev], 64), s.lengths[rev].contiguous()) for s in scopes]
+    ob, _ = sparse_mqa_attention(q[rev].contiguous(), *sc, split_keys=split_keys, out=out(T), **kw)
+    return torch.cat(alone), ob[rev]
+
+
+def _invariance_cases():
+    """(q, scopes, kwargs) of an HCA case (window + compressed + sink, tiny dims) and an MLA case whose rows hold
+    up to 600 keys (several splits)."""
+    torch.manual_seed(3)
+    reqs = PagedRequests([19, 130, 300, 700])
+    g = L.hca_geometry("fp8", dim=128, rope=64)
+    gc = L.hca_geometry("fp8", dim=128, rope=64, page_size=L.HCA_CMP_PER_PAGE)
+    win_pool, _ = filled_pool(g, reqs.num_pages, 128)
+    cmp_pool, _ = filled_pool(gc, reqs.num_pages, 128)
+    queries = [(r, p) for r, L_ in enumerate(reqs.seq_lens) for p in (L_ - 2, L_ - 1)]
+    (wi, wl), (ci, cl) = reqs.hca_indices(queries)
+    hca = (torch.randn(len(queries), 4, 128, device=DEV).to(torch.bfloat16),
+           [Scope(win_pool, g, wi, wl), Scope(cmp_pool, gc, ci, cl)],
+           dict(sm_scale=128**-0.5, d_v=128, sink=torch.randn(4, device=DEV)))  # fmt: skip
+    gm = L.mla_geometry("bf16")
+    mreqs = PagedRequests([40, 300, 600])
+    pool, _ = filled_pool(gm, mreqs.num_pages, 576)
+    mq = [(r, s - 1) for r, s in enumerate(mreqs.seq_lens)] + [(2, 450)]
+    idx, ln = mreqs.mla_indices(mq)
+    mla = (torch.randn(len(mq), 16, 576, device=DEV).to(torch.bfloat16), [Scope(pool, gm, idx, ln)],
+           dict(sm_scale=192**-0.5, d_v=512))  # fmt: skip
+    return {"hca": hca, "mla": mla}
+
+
+@pytest.mark.parametrize("kind", ["hca", "mla"])
+def test_split_keys_batch_invariant(kind):
+    """With fixed key splits (SGLang's --enable-deterministic-inference) a query's output is bit-identical
+    whether it runs alone on its narrowest index row or inside a batch, reordered, with wider (-1 padded)
+    rows; the split size that serving uses (256) and a small one that forces several splits per row."""
+    q, scopes, kw = _invariance_cases()[kind]
+    for split_keys in (64, 256):
+        alone, batched = _run_in_batches(q, scopes, split_keys, **kw)
+        assert torch.equal(alone, batched), (split_keys, (alone.float() - batched.float()).abs().max().item())
+    # still the right attention (not merely a stable one)
+    ref = R.sparse_attention(q.cpu(), [(s.pool.cpu(), s.geom, s.indices.cpu(), s.lengths.cpu()) for s in scopes],
+                             kw.get("sink").cpu() if kw.get("sink") is not None else None, kw["sm_scale"], kw["d_v"])  # fmt: skip
+    assert rel(alone.cpu(), ref) < TOL["fp8"], rel(alone.cpu(), ref)
+
+
+def test_default_splits_follow_the_batch():
+    """The control: the default split count follows the batch (T, widths), so the same MLA query alone and in a
+    batch goes through different splits (one-split shortcut vs the combine pass) and is not bit-identical."""
+    q, scopes, kw = _invariance_cases()["mla"]
+    alone, batched = _run_in_batches(q, scopes, None, **kw)
+    assert not torch.equal(alone, batched)
+
+
+def test_split_keys_checks():
+    q, scopes, kw = _invariance_cases()["mla"]
+    with pytest.raises(ValueError, match="split_keys"):
+        sparse_mqa_attention(q, *scopes, split_keys=100, **kw)
+    with pytest.raises(ValueError, match="exclude"):
+        sparse_mqa_attention(q, *scopes, split_keys=64, num_splits=2, **kw)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kv", ["fp8", "bf16"])
+def test_split_keys_batch_invariant_full(kv):
+    """Full width (64 heads, HCA 512 with sink, MLA 576 with top-k 2048 rows) on the GPU's bf16 MMAs: alone vs
+    batched, bit-identical with split_keys=256 (what serving uses under --enable-deterministic-inference)."""
+    torch.manual_seed(4)
+    reqs = PagedRequests([1, 127, 129, 300, 3001, 20000])
+    g, gc = L.hca_geometry(kv), L.hca_geometry(kv, page_size=L.HCA_CMP_PER_PAGE)
+    win_pool, _ = filled_pool(g, reqs.num_pages, 512)
+    cmp_pool, _ = filled_pool(gc, reqs.num_pages, 512)
+    queries = [(r, s - 1) for r, s in enumerate(reqs.seq_lens)]
+    (wi, wl), (ci, cl) = reqs.hca_indices(queries)
+    q = torch.randn(len(queries), 64, 512, device=DEV).to(torch.bfloat16)
+    kw = dict(sm_scale=512**-0.5, d_v=512, sink=torch.randn(64, device=DEV))
+    alone, batched = _run_in_batches(q, [Scope(win_pool, g, wi, wl), Scope(cmp_pool, gc, ci, cl)], 256, **kw)
+    assert torch.equal(alone, batched), (alone - batched).abs().max().item()
+    gm = L.mla_geometry(kv)
+    pool, _ = filled_pool(gm, reqs.num_pages, 576)
+    rows = [[reqs.slot(r, s) for s in torch.randperm(p + 1)[:2048].tolist()] for r, p in queries]
+    idx = torch.full((len(rows), 2048), -1, dtype=torch.int32)
+    for i, r in enumerate(rows):
+        idx[i, : len(r)] = torch.tensor(r, dtype=torch.int32)
+    ln = torch.tensor([len(r) for r in rows], dtype=torch.int32)
+    mq = torch.randn(len(rows), 64, 576, device=DEV).to(torch.bfloat16)
+    alone, batched = _run_in_batches(mq, [Scope(pool, gm, idx.to(DEV), ln.to(DEV))], 256, sm_scale=192**-0.5,
+                                     d_v=512)  # fmt: skip
+    assert torch.equal(alone, batched), (alone - batched).abs().max().item()

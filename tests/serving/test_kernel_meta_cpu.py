@@ -27,7 +27,7 @@ def _dist():
     th.init_dist()
 
 
-def _backend(kv=torch.bfloat16, impl="torch", pool_cls=None, slots=6, pages=12, max_ctx=2048):
+def _backend(kv=torch.bfloat16, impl="torch", pool_cls=None, slots=6, pages=12, max_ctx=2048, deterministic=None):
     from sglang_ernie55.attention.backend import Ernie55AttnBackend
     from sglang_ernie55.mem_cache.pool import Ernie55TokenToKVPool
 
@@ -36,7 +36,7 @@ def _backend(kv=torch.bfloat16, impl="torch", pool_cls=None, slots=6, pages=12, 
     r2t = torch.zeros(slots, max_ctx, dtype=torch.int32)
     runner = SimpleNamespace(token_to_kv_pool=pool, model_config=SimpleNamespace(hf_config=cfg),
                              req_to_token_pool=SimpleNamespace(req_to_token=r2t))  # fmt: skip
-    return Ernie55AttnBackend(runner, impl=impl), r2t
+    return Ernie55AttnBackend(runner, impl=impl, deterministic=deterministic), r2t
 
 
 def _fill_pages(r2t, lens, seed=0):
@@ -82,6 +82,30 @@ def test_dense_pool_refuses_the_kernels(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     with pytest.raises(ValueError, match="dense fp32 rows"):
         _backend(kv=torch.float32, impl="triton")
+
+
+def test_deterministic_inference_selects_fixed_splits(monkeypatch, caplog):
+    """--enable-deterministic-inference: the Triton kernels with fixed key splits (interpreter here); the twin
+    on CPU with a warning; a forced FlashMLA refused with the reason; the default mode keeps free splits."""
+    from sglang_ernie55.attention.kernel_path import DETERMINISTIC_SPLIT_KEYS
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    be, _ = _backend(impl="triton", deterministic=True)
+    assert {c.impl for c in be.choice.values()} == {"triton"} and be.split_keys == DETERMINISTIC_SPLIT_KEYS
+    assert all("batch-invariant" in c.why for c in be.choice.values())
+    be, _ = _backend(impl="triton", deterministic=False)
+    assert be.split_keys is None
+    be, _ = _backend(impl="auto")  # outside a server: SGLang's runtime context is not published -> off
+    assert be.split_keys is None and not be.deterministic
+    with caplog.at_level("WARNING"):
+        be, _ = _backend(impl="auto", deterministic=True)  # CPU pool: the twin, said out loud
+    assert {c.impl for c in be.choice.values()} == {"torch"}
+    assert any("may still depend on the batch" in r.getMessage() for r in caplog.records)
+    with pytest.raises(ValueError, match="SGLANG_ERNIE55_ATTN_IMPL=flashmla: --enable-deterministic-inference "
+                                         "needs batch-invariant attention and FlashMLA's tile scheduler"):  # fmt: skip
+        _backend(impl="flashmla", kv=torch.float8_e4m3fn, deterministic=True)
+    with pytest.raises(ValueError, match="cannot serve the hca layers: the pool holds dense fp32 rows"):
+        _backend(kv=torch.float32, impl="triton", deterministic=True)
 
 
 def test_env_variable(monkeypatch):
