@@ -75,6 +75,7 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
-def dot_dtype():
-    """Dot operand dtype: bf16 on GPUs; fp32 under the CPU interpreter, whose bf16 dot is wrong."""
-    return tl.float32 if interpreting() else tl.bfloat16
+def dot_dtype(fp32: bool = False):
+    """Dot operand dtype: bf16 on GPUs; fp32 when asked (fp32 activations: exactness runs; the kernels' dots
+    then run in IEEE fp32, `input_precision="ieee"`) and under the CPU interpreter, whose bf16 dot is wrong."""
+    return tl.float32 if fp32 or interpreting() else tl.bfloat16

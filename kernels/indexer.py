@@ -24,7 +24,8 @@ def indexer_logits(
 ) -> torch.Tensor:  # fmt: skip
     """Returns logits fp32 [T, max_len]: I(t, s) for s <= q_pos[t], -inf for s > q_pos[t].
 
-    qI:         bf16 [T, nI, dI] (dI = g.dim = 128; RoPE already applied), last dim contiguous.
+    qI:         bf16 [T, nI, dI] (dI = g.dim = 128; RoPE already applied), last dim contiguous; fp32 runs the
+                dots in IEEE fp32 (exactness runs with fp32 activations).
     w:          fp32 [T, nI] (weights_proj output times nI^-0.5 * dI^-0.5).
     pool:       indexer key pool, uint8 [pages, g.page_bytes] (IDX_FP8 or IDX_BF16).
     page_table: int32 [B, max_pages]: page of position s of request b is page_table[b, s // page_size].
@@ -35,8 +36,8 @@ def indexer_logits(
     check_pool(pool, g, "indexer_logits.pool")
     a = pool_args(g)
     T, NI, DI = qI.shape
-    check(qI.dim() == 3 and DI == g.dim and qI.dtype == torch.bfloat16 and qI.stride(2) == 1,
-          f"qI: bf16 [T, nI, {g.dim}], got {qI.dtype} {tuple(qI.shape)}")  # fmt: skip
+    check(qI.dim() == 3 and DI == g.dim and qI.dtype in (torch.bfloat16, torch.float32) and qI.stride(2) == 1,
+          f"qI: bf16 (or fp32: IEEE fp32 dots) [T, nI, {g.dim}], got {qI.dtype} {tuple(qI.shape)}")  # fmt: skip
     check(w.shape == (T, NI) and w.dtype == torch.float32 and w.stride(1) == 1, f"w: fp32 [{T}, {NI}]")
     check(page_table.dim() == 2 and page_table.dtype == torch.int32 and page_table.stride(1) == 1,
           "page_table: int32 [B, max_pages]")  # fmt: skip
@@ -60,7 +61,7 @@ def indexer_logits(
         qI, qI.stride(0), qI.stride(1), w, w.stride(0), page_table, page_table.stride(0), q_req, q_pos,
         out, out.stride(0), max_len, keys_per_prog, NI,
         *pool_views(pool), a.page_size, a.page_bytes, a.data_stride, a.scale_base, a.scale_stride,
-        KIND=a.kind, DI=DI, BNI=max(16, triton.next_power_of_2(NI)), BN=block_n, DT=dot_dtype(), num_warps=num_warps,
+        KIND=a.kind, DI=DI, BNI=max(16, triton.next_power_of_2(NI)), BN=block_n, DT=dot_dtype(qI.dtype == torch.float32), num_warps=num_warps,
         num_stages=num_stages,
     )  # fmt: skip
     return out

@@ -83,7 +83,8 @@ def sparse_mqa_attention(
 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """Returns (out [T, h, d_v] bf16 (or ``out``'s dtype), lse [T, h] fp32, natural log, without the sink).
 
-    q:     [T, h, D] bf16, last dim contiguous; D = main.geom main + rope widths (HCA 512, MLA 576).
+    q:     [T, h, D] bf16, last dim contiguous; D = main.geom main + rope widths (HCA 512, MLA 576). An fp32
+           q runs every dot in IEEE fp32 (keys and softmax weights too): the exactness mode of fp32 activations.
     main:  Scope (see above); extra: optional Scope with the same layout kind (HCA compressed pool).
     sink:  fp32 [h] raw logits (added as exp(sink) to the denominator) or None.
     d_v:   512 (value = first d_v dims of the key; must equal the main width or main + rope).
@@ -101,7 +102,8 @@ def sparse_mqa_attention(
     check(
         q.dim() == 3 and D == a.main + a.tail, f"q: expected [T, h, {a.main + a.tail}], got {tuple(q.shape)}"
     )
-    check(q.dtype == torch.bfloat16 and q.stride(2) == 1, f"q: bf16 with contiguous last dim, got {q.dtype}")
+    check(q.dtype in (torch.bfloat16, torch.float32) and q.stride(2) == 1,
+          f"q: bf16 (or fp32: IEEE fp32 dots, exactness runs) with contiguous last dim, got {q.dtype}")  # fmt: skip
     _check_scope(main, T, "main")
     if extra is not None:
         _check_scope(extra, T, "extra")
@@ -158,7 +160,7 @@ def sparse_mqa_attention(
     nw = num_warps or (8 if bh >= 64 else 4)
     common = dict(HAS_B=extra is not None, HAS_LA=main.lengths is not None,
                   HAS_LB=extra is not None and extra.lengths is not None, HAS_SINK=sink is not None,
-                  SINGLE=single, BH=bh, BN=block_n, DT=dot_dtype(), num_warps=nw, num_stages=num_stages)  # fmt: skip
+                  SINGLE=single, BH=bh, BN=block_n, DT=dot_dtype(q.dtype == torch.float32), num_warps=nw, num_stages=num_stages)  # fmt: skip
     LAST_COMPILED["split"] = sparse_attn_split_kernel[(n_hb, T, num_splits)](
         q, q.stride(0), q.stride(1), H, chunk,
         main.indices, main.indices.stride(0), main.lengths if main.lengths is not None else dummy_len, KA,

@@ -35,7 +35,7 @@ def indexer_logits_kernel(
         slots = page * page_size + s % page_size
         row, srow = token_rows(slots, page_size, page_bytes, data_stride, scale_base, scale_stride)
         k = load_main(u8_ptr, f8_ptr, bf_ptr, f32_ptr, row, srow, valid, KIND, DI, DI, DI, BN, DT)
-        sc = tl.dot(q, tl.trans(k))
+        sc = tl.dot(q, tl.trans(k), input_precision="ieee")
         sc = tl.maximum(sc, 0.0) * w[:, None]
         logit = tl.sum(sc, 0)
         logit = tl.where(valid, logit, float("-inf"))

@@ -5,7 +5,9 @@ Grid of the split kernel: (head block, query token t, key split); head blocks fa
 programs that read the same keys run together. The keys of query t are the
 virtual concatenation [main[0:len_a] | extra[0:len_b]]; split s covers [s * chunk, (s + 1) * chunk).
 Softmax in base 2: logits are multiplied by scale * log2(e). ``DT`` is the dot operand dtype: bf16 on
-GPUs, fp32 under TRITON_INTERPRET=1 (the CPU interpreter's bf16 dot is wrong in Triton 3.8).
+GPUs (production), fp32 for an fp32 query (exactness runs with fp32 activations) and under TRITON_INTERPRET=1
+(the CPU interpreter's bf16 dot is wrong in Triton 3.8); every dot asks for IEEE precision, which only matters
+for fp32 operands (Triton's default there is TF32).
 """
 
 from __future__ import annotations
@@ -33,10 +35,10 @@ def _attend_scope(
         valid = inb & (slots >= 0)
         row, srow = token_rows(slots, page_size, page_bytes, data_stride, scale_base, scale_stride)
         k = load_main(u8_ptr, f8_ptr, bf_ptr, f32_ptr, row, srow, valid, KIND, MAIN, NOPE, TILE, BN, DT)
-        s = tl.dot(q, tl.trans(k))
+        s = tl.dot(q, tl.trans(k), input_precision="ieee")
         if TAIL > 0:
             kt = load_tail(bf_ptr, row, valid, TAIL_OFF, TAIL, DT)
-            s += tl.dot(q_t, tl.trans(kt))
+            s += tl.dot(q_t, tl.trans(kt), input_precision="ieee")
         s = tl.where(valid[None, :], s * qk_scale, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -44,9 +46,9 @@ def _attend_scope(
         p = tl.exp2(s - m_safe[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         pb = p.to(DT)
-        acc = acc * alpha[:, None] + tl.dot(pb, k)
+        acc = acc * alpha[:, None] + tl.dot(pb, k, input_precision="ieee")
         if V_TAIL:
-            acc_t = acc_t * alpha[:, None] + tl.dot(pb, kt)
+            acc_t = acc_t * alpha[:, None] + tl.dot(pb, kt, input_precision="ieee")
         m_i = m_new
     return m_i, l_i, acc, acc_t
 

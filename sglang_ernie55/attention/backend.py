@@ -96,6 +96,10 @@ class Ernie55AttnBackend(AttentionBackend):
         self.choice = select.resolve(impl or attn_impl(), cfg, pool, heads, self.deterministic)
         # batch-invariant attention splits (kernel path) under --enable-deterministic-inference
         self.split_keys = kp.DETERMINISTIC_SPLIT_KEYS if self.deterministic else None
+        # MMA operands of the kernels: bf16 (production); fp32 with fp32 activations (`--dtype float32`, the
+        # exactness runs), whose dots then run in IEEE fp32 like the twin's
+        fp32 = getattr(model_runner.model_config, "dtype", None) == torch.float32
+        self.query_dtype = torch.float32 if fp32 else torch.bfloat16
         self.twin = any(not c.kernels for c in self.choice.values())
         self.kernels = any(c.kernels for c in self.choice.values())
         # page starts of every request slot (a view): page_table = page_starts[req] // page_size

@@ -215,7 +215,7 @@ def _flashmla(meta: KernelMeta, key, q: torch.Tensor, main: Scope, extra: Scope 
     sched = meta.sched.get(key)
     if sched is None:
         sched = meta.sched[key] = flash_mla.get_mla_metadata()[0]
-    o, _ = flashmla_sparse_attention(q.contiguous(), main, extra, sm_scale=scale, d_v=d_v, sink=sink,
+    o, _ = flashmla_sparse_attention(q.to(torch.bfloat16).contiguous(), main, extra, sm_scale=scale, d_v=d_v, sink=sink,
                                      sched_meta=sched)  # fmt: skip
     return o[:, :h]
 
@@ -231,7 +231,7 @@ def hca_forward(be, meta: KernelMeta, impl: str, q, kv, cs, compressor, sink, la
         return q.new_zeros(0, h, D, dtype=torch.float32)
     kv_store(win.pool, win.geom, meta.win_loc, kv.reshape(T, -1).contiguous())
     compress(be, meta, lid, cs, compressor)
-    qb = q.to(torch.bfloat16).contiguous()
+    qb = q.to(be.query_dtype).contiguous()
     sink = sink.float().contiguous()
     out = torch.empty(T, h, D, dtype=torch.float32, device=q.device)
     for ci, t0 in enumerate(range(0, T, ATTN_ROWS)):
@@ -259,8 +259,8 @@ def mla_forward(be, meta: KernelMeta, impl: str, q, kc, iq, iw, ik, layer) -> to
         return q.new_zeros(0, h, R, dtype=torch.float32)
     kv_store(lat.pool, lat.geom, meta.loc, kc.reshape(T, -1).contiguous())
     kv_store(idx.pool, idx.geom, meta.loc, ik.contiguous())
-    qb = q.to(torch.bfloat16).contiguous()
-    iqb = iq.to(torch.bfloat16).contiguous()
+    qb = q.to(be.query_dtype).contiguous()
+    iqb = iq.to(be.query_dtype).contiguous()
     iw = iw.float().contiguous()
     out = torch.empty(T, h, R, dtype=torch.float32, device=q.device)
     for ci, (t0, t1, width) in enumerate(meta.mla_chunks):

@@ -54,6 +54,25 @@ def test_indexer_tiny(kv):
     _case(kv, [1, 19, 300], 1, nI=4, topk=16)
 
 
+@pytest.mark.parametrize("on_gpu", [False, pytest.param(True, marks=pytest.mark.gpu)], ids=["tiny", "full"])
+def test_indexer_fp32_queries_ieee(on_gpu):
+    """fp32 indexer queries (fp32 activations) run IEEE fp32 dots: logits within fp32 rounding of the reference."""
+    torch.manual_seed(6)
+    nI = 64 if on_gpu else 4
+    g = L.idx_geometry("bf16")
+    reqs = PagedRequests([19, 300])
+    pool, _ = filled_pool(g, reqs.num_pages, 128)
+    q_req = torch.tensor([0, 1], dtype=torch.int32, device=DEV)
+    q_pos = torch.tensor([18, 299], dtype=torch.int32, device=DEV)
+    qI = torch.randn(2, nI, 128, device=DEV)
+    w = torch.randn(2, nI, device=DEV)
+    pt = reqs.page_table.to(DEV)
+    lg = indexer_logits(qI, w, pool, g, pt, q_req, q_pos, 300, out=poison((2, 300), torch.float32))
+    ref = R.indexer_logits_paged(qI.cpu(), w.cpu(), pool.cpu(), g, pt.cpu(), q_req.cpu(), q_pos.cpu())
+    for t, r in enumerate(ref):
+        assert torch.allclose(lg[t, : len(r)].cpu(), r, rtol=1e-5, atol=1e-5 * r.abs().max().item()), t
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("kv", ["fp8", "bf16"])
 def test_indexer_full(kv):

@@ -277,3 +277,37 @@ def test_split_keys_batch_invariant_full(kv):
     alone, batched = _run_in_batches(mq, [Scope(pool, gm, idx.to(DEV), ln.to(DEV))], 256, sm_scale=192**-0.5,
                                      d_v=512)  # fmt: skip
     assert torch.equal(alone, batched), (alone - batched).abs().max().item()
+
+
+@pytest.mark.parametrize("kind", ["hca", "mla"])
+def test_fp32_queries_run_ieee_fp32(kind):
+    """An fp32 query (fp32 activations: the exactness runs) runs every dot in IEEE fp32: against the fp32
+    reference over the same bf16 pool the error is fp32 rounding, far below the bf16-operand tolerance."""
+    q, scopes, kw = _invariance_cases()[kind]
+    q = (q.float() + 1e-3 * torch.randn_like(q.float())).contiguous()  # not bf16-representable
+    out = poison((q.shape[0], q.shape[1], kw["d_v"]), torch.float32)
+    o, _ = sparse_mqa_attention(q, *scopes, out=out, **kw)
+    sink = kw.get("sink")
+    ref = R.sparse_attention(q.cpu(), [(s.pool.cpu(), s.geom, s.indices.cpu(), s.lengths.cpu()) for s in scopes],
+                             sink.cpu() if sink is not None else None, kw["sm_scale"], kw["d_v"])  # fmt: skip
+    assert rel(o.cpu(), ref) < 1e-5, rel(o.cpu(), ref)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kv", ["fp8", "bf16"])
+def test_fp32_queries_full_width(kv):
+    """Full width on the GPU: fp32 queries give fp32-accurate attention (TF32 or bf16 operands would not)."""
+    torch.manual_seed(5)
+    reqs = PagedRequests([1, 129, 3001])
+    g, gc = L.hca_geometry(kv), L.hca_geometry(kv, page_size=L.HCA_CMP_PER_PAGE)
+    win_pool, _ = filled_pool(g, reqs.num_pages, 512)
+    cmp_pool, _ = filled_pool(gc, reqs.num_pages, 512)
+    queries = [(r, s - 1) for r, s in enumerate(reqs.seq_lens)]
+    (wi, wl), (ci, cl) = reqs.hca_indices(queries)
+    q = torch.randn(len(queries), 64, 512, device=DEV)
+    sink = torch.randn(64, device=DEV)
+    o, _ = sparse_mqa_attention(q, Scope(win_pool, g, wi, wl), Scope(cmp_pool, gc, ci, cl), sm_scale=512**-0.5,
+                                d_v=512, sink=sink, out=torch.empty(len(queries), 64, 512, device=DEV))  # fmt: skip
+    ref = R.sparse_attention(q.cpu(), [(win_pool.cpu(), g, wi.cpu(), wl.cpu()), (cmp_pool.cpu(), gc, ci.cpu(), cl.cpu())],
+                             sink.cpu(), 512**-0.5, 512)  # fmt: skip
+    assert rel(o.cpu(), ref) < 1e-5, rel(o.cpu(), ref)
