@@ -62,9 +62,25 @@ class CudaGraphs:
         return out
 
 
+DIST_ENV = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK")
+
+
 @pytest.fixture(scope="module", params=["hca", "mla_dsa"])
 def cuda_draft(request):
-    return g.make_draft(request.param, "cuda")
+    """The draft on the GPU. The world-1 group it needs sets MASTER_* / RANK / ... in os.environ; they are removed
+    again so that servers started later by this pytest process (tests/echo/test_echo_gpu.py) do not inherit them."""
+    saved = {k: os.environ.get(k) for k in DIST_ENV}
+    try:
+        made = g.make_draft(request.param, "cuda")
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    yield made
+    del made
+    torch.cuda.empty_cache()
 
 
 @pytest.mark.parametrize("swa", [False, True], ids=["full-slots", "swa-slots"])
