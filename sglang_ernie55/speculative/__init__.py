@@ -12,6 +12,7 @@
 | `KVCacheConfigurator._build_token_to_kv_pool` | AROUND | the draft worker's `EchoDraftKVPool` |
 | `attention_backend_setup._build_resolved_backend` | AROUND | the draft runner's own backend: `EchoDraftAttnBackend` |
 | `EagleDraftWorker.init_lm_head` | AFTER | bind the target's embedding, last layer, hc_head, lm_head into the draft |
+| `EagleDraftWorker._capture_cuda_graphs` | AROUND | capture the draft-extend CUDA graph (SGLang's own runner) for ECHO |
 
 `register()` calls `sglang_ernie55.mem_cache.register()` first: HookRegistry nests hooks of one target
 in registration order, so ours is then the outer AROUND on `_build_token_to_kv_pool` and answers the
@@ -21,11 +22,13 @@ draft worker before the target-pool hook sees it.
 from __future__ import annotations
 
 import logging
+import time
 
 from ..configuration import ARCH_ECHO, ARCH_MAIN, ARCHITECTURES
 
 logger = logging.getLogger(__name__)
 SHARE_LOG = "ECHO draft attached:"
+GRAPH_LOG = "ECHO draft:"
 
 HOOK_DRAFT_ARCH = "sglang.srt.configs.model_config.ModelConfig._config_draft_model"
 HOOK_SPEC_HIDDEN = "sglang.srt.configs.model_config.resolve_spec_hidden_size"
@@ -33,6 +36,7 @@ HOOK_DRAFT_DECODE = "sglang.srt.speculative.draft_utils.DraftBackendFactory.crea
 HOOK_DRAFT_EXTEND = "sglang.srt.speculative.draft_utils.DraftBackendFactory.create_draft_extend_backend"
 HOOK_DRAFT_POOL = "sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator._build_token_to_kv_pool"
 HOOK_SHARE = "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker.init_lm_head"
+HOOK_CAPTURE_GRAPHS = "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker._capture_cuda_graphs"
 HOOK_RUNNER_BACKEND = (
     "sglang.srt.model_executor.model_runner_components.attention_backend_setup._build_resolved_backend"
 )
@@ -138,6 +142,74 @@ def after_init_lm_head(result, self, *args, **kwargs):
     return result
 
 
+def echo_draft_extend_graph_wanted(worker) -> bool:
+    """Whether the ECHO draft's DRAFT_EXTEND_V2 forward should be captured by SGLang's
+    `EAGLEDraftExtendCudaGraphRunner`: an ECHO draft with its `EchoDraftAttnBackend`, and every condition
+    under which SGLang's `EagleDraftWorker._capture_cuda_graphs` captures the draft extend for a backend of
+    its allow-list on CUDA (graphs on, not CPU, not MindSpore, the target on a `cuda` device, an in-tree
+    platform: an out-of-tree one picks its own runner through `get_speculative_graph_runner_cls`, and
+    `SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH` unset). Reads SGLang's module state at call time."""
+    from sglang.srt.speculative import eagle_worker_v2 as ew2
+
+    from .backend import EchoDraftAttnBackend
+
+    runner = getattr(worker, "draft_runner", None)
+    if runner is None or not is_echo_draft(runner.model_config.hf_config):
+        return False
+    if not isinstance(getattr(worker, "draft_extend_attn_backend", None), EchoDraftAttnBackend):
+        return False
+    if ew2._is_cpu or ew2.check_cuda_graph_backend(ew2.Phase.DECODE, ew2.Backend.DISABLED):
+        return False
+    if ew2.get_model().model_impl == "mindspore" or ew2.current_platform.is_out_of_tree():
+        return False
+    if ew2.envs.SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH.get():
+        return False
+    return str(worker.target_worker.device) == "cuda"
+
+
+def capture_echo_draft_extend_graph(worker) -> None:
+    """SGLang's own draft-extend capture step, for the ECHO draft: `EAGLEDraftExtendCudaGraphRunner(worker)`
+    with SGLang's log lines and graph memory / time accounting (`_capture_cuda_graphs`'s last block)."""
+    from sglang.srt.speculative import eagle_worker_v2 as ew2
+
+    graph_backend = ew2.get_exec().graph.cuda_graph_config.decode.backend
+    capture_bs, _ = ew2.get_batch_sizes_to_capture(worker.draft_runner)
+    tic = time.perf_counter()
+    before = ew2.get_available_gpu_memory(worker.device, worker.gpu_id)
+    ew2.log_info_on_rank0(
+        ew2.logger,
+        f"Capture draft extend CUDA graph begin. backend={graph_backend}, "
+        f"num_tokens_per_req={worker.speculative_num_draft_tokens}, bs={capture_bs}, avail mem={before:.2f} GB",
+    )
+    runner = ew2.EAGLEDraftExtendCudaGraphRunner(worker)
+    worker.cuda_graph_runner_for_draft_extend = runner
+    after = ew2.get_available_gpu_memory(worker.device, worker.gpu_id)
+    elapsed = time.perf_counter() - tic
+    mem, secs = worker._specialized_graph_memory_usage, worker._specialized_graph_time_usage
+    mem["draft_extend"] = mem.get("draft_extend", 0.0) + before - after
+    secs["draft_extend"] = secs.get("draft_extend", 0.0) + elapsed
+    ew2.log_info_on_rank0(
+        ew2.logger,
+        f"Capture draft extend CUDA graph end. elapsed={elapsed:.2f} s, mem usage={(before - after):.2f} GB, "
+        f"avail mem={after:.2f} GB.",
+    )
+    logger.info(
+        f"{GRAPH_LOG} draft-extend CUDA graph captured by {type(runner).__name__} "
+        f"(bs={capture_bs}, rows per request={worker.speculative_num_draft_tokens})"
+    )
+
+
+def around_capture_cuda_graphs(original, self, *args, **kwargs):
+    """EagleDraftWorker: SGLang captures the draft decode and then the draft extend, the latter only for
+    attention backends of a hard-coded isinstance allow-list; the ECHO draft's backend is not in it. After
+    SGLang's own capture, an ECHO draft that SGLang left without a draft-extend runner gets SGLang's runner,
+    under the conditions SGLang applies to its listed backends. Every other draft: SGLang's result as is."""
+    result = original(self, *args, **kwargs)
+    if getattr(self, "cuda_graph_runner_for_draft_extend", None) is None and echo_draft_extend_graph_wanted(self):
+        capture_echo_draft_extend_graph(self)
+    return result
+
+
 def check_shared(draft, target) -> dict[str, int]:
     """Every tensor the draft runs on besides `echo.*` is the target's tensor (same data pointer);
     returns {target parameter name: data_ptr}. Raises naming any that is not."""
@@ -165,6 +237,7 @@ HOOKS = (
     (HOOK_DRAFT_POOL, around_build_token_to_kv_pool, "AROUND"),
     (HOOK_SHARE, after_init_lm_head, "AFTER"),
     (HOOK_RUNNER_BACKEND, around_build_resolved_backend, "AROUND"),
+    (HOOK_CAPTURE_GRAPHS, around_capture_cuda_graphs, "AROUND"),
 )
 
 

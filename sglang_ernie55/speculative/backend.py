@@ -6,9 +6,25 @@ already placed every position of the iteration's verify window in `req_to_token`
 chained draft decode and the rows they write are all addressed the same way). An HCA last layer adds the per-head sink (its K = V rows carry
 no compressed entries); an MLA-DSA last layer runs plain absorbed MLA over the window (no indexer).
 
-Each row gathers exactly W keys: one fixed-shape program per token count, so SGLang's draft-decode
-CUDA graph (EAGLEDraftCudaGraphRunner) records it with no metadata of its own; padded graph rows read
-request slot 0 and write the padding page.
+Each row gathers exactly W keys: one fixed-shape program per token count, so SGLang's CUDA-graph runners
+record it with no metadata of their own (`init_cuda_graph_state` allocates nothing; `in_graph` is empty):
+
+- draft decode (`EAGLEDraftCudaGraphRunner`, steps >= 2): one row per request;
+- draft extend (`EAGLEDraftExtendCudaGraphRunner`, DRAFT_EXTEND_V2; captured for ECHO by the
+  `_capture_cuda_graphs` hook in `sglang_ernie55.speculative`): `num_tokens_per_req` = speculative_num_draft_tokens
+  = S+1 rows per request, request-major, over the runner's static buffers. At capture the runner zeroes
+  `req_pool_indices` / `positions` / `out_cache_loc` and calls `init_forward_metadata_out_graph(fb,
+  in_capture=True)`, then, inside the graph, `init_forward_metadata_in_graph(fb)` and the model forward; at
+  replay it copies the batch into the buffers (padded requests: req slot 0, position 0, out_cache_loc 0,
+  seq_len `get_cuda_graph_seq_len_fill_value()` = 1) and calls `init_forward_metadata_out_graph(view)` on a
+  namespace view before `graph.replay()`.
+
+In both the request of each query row is `req_pool_indices.repeat_interleave(T // bs)` computed *in the
+forward* from the (static) `req_pool_indices`, and its position is `positions`: the graph records the gather,
+not a tensor built outside it, so a replay addresses the replayed batch. Padded rows read request slot 0
+(SGLang's reserved all-zero `req_to_token` row) and write slot 0, which `window_loc` maps into the draft
+pool's padding page (the SWA padding page in hybrid mode): they never read or write a live row. The ragged
+prefill draft-extend (EXTEND, eager only) takes its row -> request map from `extend_seq_lens_cpu`.
 
 - `EchoDraftAttnBackend`: draft-extend (prefill EXTEND, DRAFT_EXTEND_V2) and one decode step;
 - `EchoMultiStepDraftBackend`: the per-step container SGLang's EAGLE worker drives (`attn_backends[i]`
@@ -17,6 +33,8 @@ request slot 0 and write the padding page.
 
 from __future__ import annotations
 
+import logging
+
 import torch
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 
@@ -24,6 +42,8 @@ from ..attention import BACKEND_NAME
 from ..attention.backend import _masked_sink_attention
 from ..configuration import LAYER_HCA
 from .pool import EchoDraftKVPool
+
+logger = logging.getLogger(__name__)
 
 
 class EchoDraftAttnBackend(AttentionBackend):
@@ -43,40 +63,58 @@ class EchoDraftAttnBackend(AttentionBackend):
         self.W = cfg.window_size
         self.kind = cfg.layer_types[-1]
         self._row_reqs: torch.Tensor | None = None  # EXTEND: request slot of each token row (eager)
+        self.graph_replays: dict[str, int] = {}  # forward mode name -> CUDA-graph replays (metadata calls)
         self.prefill_attention_backend_str = self.decode_attention_backend_str = BACKEND_NAME
 
     # ------------------------------------------------------------------ metadata
     def init_forward_metadata(self, forward_batch) -> None:
-        self.init_forward_metadata_out_graph(forward_batch)
+        """Eager forwards (SGLang's eager runners and `prepare_for_draft_extend` call this)."""
+        self._set_row_map(forward_batch)
 
     def init_forward_metadata_out_graph(self, forward_batch, in_capture: bool = False) -> None:
-        fb = forward_batch
+        """CUDA-graph capture (`in_capture`) and replay: called outside the graph (docstring above)."""
+        self._set_row_map(forward_batch)
+        if not in_capture:
+            mode = forward_batch.forward_mode
+            name = getattr(mode, "name", str(mode))
+            self.graph_replays[name] = self.graph_replays.get(name, 0) + 1
+            if self.graph_replays[name] == 1 and mode.is_draft_extend_v2():
+                logger.info(f"ECHO draft: first draft-extend CUDA-graph replay (bs={forward_batch.batch_size})")
+
+    def _set_row_map(self, fb) -> None:
         self._row_reqs = None
-        if fb.forward_mode.is_extend() and not fb.forward_mode.is_target_verify():
+        mode = fb.forward_mode
+        if mode.is_extend() and not mode.is_target_verify():
             lens = getattr(fb, "extend_seq_lens_cpu", None)
-            if lens is not None:  # prefill draft-extend: ragged rows per request
+            if lens is not None:  # prefill draft-extend: ragged rows per request (eager)
                 reps = torch.as_tensor(list(lens), device=fb.req_pool_indices.device)
                 self._row_reqs = torch.repeat_interleave(
                     fb.req_pool_indices, reps, output_size=int(sum(lens))
                 )
 
     def init_forward_metadata_in_graph(self, forward_batch) -> None:
-        pass
+        pass  # the forward gathers from the static buffers itself
 
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
         pass  # nothing beyond the runner's static buffers
 
     def get_cuda_graph_seq_len_fill_value(self) -> int:
-        return 1
+        return 1  # padded requests' seq_lens (never read: rows are addressed by position)
 
     def _rows(self, T: int, fb) -> torch.Tensor:
-        """Request slot of each of the T query rows."""
+        """Request slot of each of the T query rows (a device op on `fb.req_pool_indices`, graph-safe for the
+        uniform modes)."""
         if self._row_reqs is not None and self._row_reqs.shape[0] == T:
             return self._row_reqs
         req = fb.req_pool_indices
-        if T % req.shape[0]:
-            raise ValueError(f"ECHO draft: {T} rows for {req.shape[0]} requests and no extend lengths")
-        return req.repeat_interleave(T // req.shape[0])  # decode (1 per request), DRAFT_EXTEND_V2 (k each)
+        bs = req.shape[0]
+        if T % bs:
+            raise ValueError(f"ECHO draft: {T} rows for {bs} requests and no extend lengths")
+        k = T // bs  # decode: 1 per request; DRAFT_EXTEND_V2: num_tokens_per_req (S+1) each, request-major
+        want = getattr(getattr(fb, "spec_info", None), "num_tokens_per_req", 0) or 0
+        if fb.forward_mode.is_draft_extend_v2() and want > 0 and want != k:
+            raise ValueError(f"ECHO draft: DRAFT_EXTEND_V2 of {T} rows for {bs} requests, expected {want} each")
+        return req.repeat_interleave(k)
 
     # ------------------------------------------------------------------ attention
     def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache: bool = True, **kw):

@@ -51,17 +51,18 @@ def setup(request):
 class DraftSession:
     """Draft pool + ECHO backend over a paged slot space (slot 0..255 = padding page)."""
 
-    def __init__(self, draft, cfg, kv_dtype=torch.float32, max_ctx=1024, slots=4, swa: bool = False):
+    def __init__(self, draft, cfg, kv_dtype=torch.float32, max_ctx=1024, slots=4, swa: bool = False,
+                 device: str = "cpu"):  # fmt: skip
         from sglang_ernie55.speculative.backend import EchoDraftAttnBackend
         from sglang_ernie55.speculative.pool import EchoDraftKVPool
 
-        self.draft, self.cfg = draft, cfg
+        self.draft, self.cfg, self.device = draft, cfg, device
         pages = max_ctx // PAGE  # every request owns contiguous pages (allocation is not under test)
         size = slots * pages * PAGE
         # swa: an SWA pool of 2 pages per request (positions < 512), full page (1 + r * pages + k) -> SWA page
         # 2 * slots - 2 * r - k (reverse order), as SGLang's allocator would register it
         swa_pages = 2 * slots if swa else None
-        self.pool = EchoDraftKVPool(size, PAGE, kv_dtype, cfg, device="cpu",
+        self.pool = EchoDraftKVPool(size, PAGE, kv_dtype, cfg, device=device,
                                     swa_size=swa_pages * PAGE if swa else None)  # fmt: skip
         self.req_to_token = torch.zeros(slots, max_ctx, dtype=torch.int32)
         mapping = torch.zeros(size + PAGE + 1, dtype=torch.int64)
@@ -72,8 +73,9 @@ class DraftSession:
             for k in range(2):
                 full = torch.arange(base + k * PAGE, base + (k + 1) * PAGE)
                 mapping[full] = (2 * slots - 2 * r - k) * PAGE + full % PAGE
+        self.req_to_token = self.req_to_token.to(device)
         if swa:
-            self.pool.register_mapping(mapping)
+            self.pool.register_mapping(mapping.to(device))
         runner = SimpleNamespace(token_to_kv_pool=self.pool, model_config=SimpleNamespace(hf_config=cfg),
                                  req_to_token_pool=SimpleNamespace(req_to_token=self.req_to_token))  # fmt: skip
         self.backend = EchoDraftAttnBackend(runner)
@@ -82,18 +84,19 @@ class DraftSession:
         """One draft forward: rows (reqs[i], positions[i], tokens[i], streams[i]) -> fp32 logits, draft streams."""
         from sglang.srt.model_executor.forward_context import ForwardContext, set_forward_context
 
-        reqs_t, pos = torch.as_tensor(reqs), torch.as_tensor(positions)
+        d = self.device
+        reqs_t, pos = torch.as_tensor(reqs, device=d), torch.as_tensor(positions, device=d)
         loc = self.req_to_token[reqs_t, pos].long()
         uniq = list(dict.fromkeys(reqs))
         fb = SimpleNamespace(
-            forward_mode=mode, out_cache_loc=loc, req_pool_indices=torch.tensor(uniq), positions=pos,
+            forward_mode=mode, out_cache_loc=loc, req_pool_indices=torch.tensor(uniq, device=d), positions=pos,
             extend_seq_lens_cpu=ragged, seq_lens=None, seq_lens_cpu=None, global_num_token_non_padded_cpu=None,
-            batch_size=len(uniq), spec_info=SimpleNamespace(hidden_states=streams.flatten(1)),
+            batch_size=len(uniq), spec_info=SimpleNamespace(hidden_states=streams.flatten(1).to(d)),
         )  # fmt: skip
         self.backend.init_forward_metadata(fb)
         prev = set_forward_context(ForwardContext(attn_backend=self.backend))
         try:
-            hidden, R = self.draft.hidden(torch.as_tensor(tokens), pos, fb)
+            hidden, R = self.draft.hidden(torch.as_tensor(tokens, device=d), pos, fb)
         finally:
             set_forward_context(prev)
         return hidden.float() @ self.draft.lm_head.weight.float().t(), R

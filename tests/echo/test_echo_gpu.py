@@ -18,12 +18,17 @@ Criteria, per ECHO server:
   echo tensors, fp32);
 - ECHO-exact: every draft is accepted (spec_num_correct_drafts == spec_num_proposed_drafts, acceptance length
   steps + 1); random weights: acceptance length in [1, steps + 1];
+- the draft extend runs as SGLang's draft-extend CUDA graph (SGLang's "Capture draft extend CUDA graph
+  begin/end" lines, written for ECHO by the capture hook, and the ECHO backend's first-replay line); `-eagerext`
+  cases (ECHO_GPU_CASES) run it eagerly with SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH=1 for the before/after;
 - recorded in `$OUT/echo-results.jsonl`: decode tok/s and ms per round at batch 1 and 8, mean acceptance,
   the server's avg_spec_accept_length, startup time, speed-up over the random baseline (decode cost does
   not depend on the weights' values, docs/echo.md section 7, so the exact checkpoint's speed-up is measured
   against the same baseline).
 
 Run (device command, carrying [".gpu"]):  bash scripts/gpu-suite.sh tests/echo/test_echo_gpu.py
+Cases: ECHO_GPU_CASES (default random-s2,exact-s3,random-s1,random-s3; any `{random,exact}-s{1,2,3}[-eagerext]`),
+e.g. the draft-extend graph's before/after: ECHO_GPU_CASES=random-s2,random-s2-eagerext,exact-s3,exact-s3-eagerext
 """
 
 from __future__ import annotations
@@ -51,8 +56,16 @@ pytestmark = [pytest.mark.gpu]
 
 NEW_TOKENS = 48
 TIE_NATS = 0.01
-# Most informative first (the low-latency preset, the speed-up bound), so a short run still answers them.
-CASES = [("random", 2), ("exact", 3), ("random", 1), ("random", 3)]
+# (checkpoint, steps, draft-extend CUDA graph). Most informative first (the low-latency preset, the speed-up
+# bound), so a short run still answers them. `-eagerext` cases run the same server with the draft extend
+# eager (SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH=1): the before/after of the draft-extend graph in one run.
+ALL_CASES = {f"{k}-s{s}{'' if g else '-eagerext'}": (k, s, g) for k in ("random", "exact") for s in (1, 2, 3)
+             for g in (True, False)}  # fmt: skip
+DEFAULT_CASES = "random-s2,exact-s3,random-s1,random-s3"
+# ECHO_GPU_CASES=random-s2,random-s2-eagerext,exact-s3 picks (and orders) the cases of a run
+CASES = [ALL_CASES[c] for c in os.environ.get("ECHO_GPU_CASES", DEFAULT_CASES).split(",") if c]
+EXTEND_GRAPH_LOGS = ("Capture draft extend CUDA graph begin", "Capture draft extend CUDA graph end",
+                     "ECHO draft: draft-extend CUDA graph captured", "ECHO draft: first draft-extend CUDA-graph replay")  # fmt: skip
 PROMPT_LENGTHS = (1, 19, 90, 100, 120, 126, 127, 128, 129, 200, 250, 255, 256, 400)
 COMMON = ("--context-length", "4096", "--max-running-requests", "16", "--cuda-graph-max-bs-decode", "16",
           "--chunked-prefill-size", "512", "--max-total-tokens", "131072", "--sampling-backend", "pytorch",
@@ -132,13 +145,11 @@ class Runs:
     cache: dict = {}
 
 
-def _serve(name, path, prompts, cfg, *flags, dump_dir: str | None = None):
+def _serve(name, path, prompts, cfg, *flags, dump_dir: str | None = None, env: dict | None = None):
+    env = dict(env or {})
     if dump_dir:
-        os.environ["SGLANG_ERNIE55_ECHO_DUMP_DIR"] = dump_dir
-    try:
-        server = sh.Server(path, *COMMON, *flags, log_name=name, timeout=SERVER_TIMEOUT_S)
-    finally:
-        os.environ.pop("SGLANG_ERNIE55_ECHO_DUMP_DIR", None)
+        env["SGLANG_ERNIE55_ECHO_DUMP_DIR"] = dump_dir
+    server = sh.Server(path, *COMMON, *flags, log_name=name, timeout=SERVER_TIMEOUT_S, env=env)
     try:
         outs = generate_all(server, prompts, NEW_TOKENS)
         speed = [decode_speed(server, cfg.bos_token_id, cfg.vocab_size, b) for b in (1, 8)]
@@ -165,13 +176,28 @@ def _score(path, prompts, outs):
         return sh.score(ref, prompts, outs, "cuda", eps=TIE_NATS)
 
 
-@pytest.mark.parametrize("kind,steps", CASES, ids=[f"{k}-s{s}" for k, s in CASES])
-def test_echo_server(kind, steps, ckpts, prompts, cfg, tmp_path):
+def extend_graph_state(log: str) -> dict:
+    """What the server log says about the draft-extend CUDA graph (SGLang's capture lines, the ECHO hook's
+    capture line, the ECHO backend's first-replay line) and the draft-decode graph."""
+    return {
+        "captured": all(m in log for m in EXTEND_GRAPH_LOGS[:3]),
+        "replayed": EXTEND_GRAPH_LOGS[3] in log,
+        "sglang_capture_lines": sum(log.count(m) for m in EXTEND_GRAPH_LOGS[:2]),
+        "draft_decode_graph": "Capture draft decode CUDA graph end" in log,
+    }
+
+
+@pytest.mark.parametrize("kind,steps,extend_graph", CASES,
+                         ids=[f"{k}-s{s}{'' if g else '-eagerext'}" for k, s, g in CASES])  # fmt: skip
+def test_echo_server(kind, steps, extend_graph, ckpts, prompts, cfg, tmp_path):
     path = ckpts[kind]
     base = _baseline(ckpts["random"], prompts, cfg)
     dump = tmp_path / "dump"
     dump.mkdir()
-    run = _serve(f"echo-{kind}-s{steps}", path, prompts, cfg, *spec_flags(steps), dump_dir=str(dump))
+    env = {} if extend_graph else {"SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH": "1"}
+    name = f"echo-{kind}-s{steps}{'' if extend_graph else '-eagerext'}"
+    run = _serve(name, path, prompts, cfg, *spec_flags(steps), dump_dir=str(dump), env=env)
+    graphs = extend_graph_state(run["log"])
     metas = [o["meta"] for o in run["outs"]]
     accept = [m.get("spec_accept_length") for m in metas]
     correct = sum(m.get("spec_num_correct_drafts", 0) for m in metas)
@@ -184,12 +210,21 @@ def test_echo_server(kind, steps, ckpts, prompts, cfg, tmp_path):
                 i = next(j for j, (x, y) in enumerate(zip(a["tokens"], b["tokens"])) if x != y)
                 diffs.append({"prompt_len": len(p), "first_diff": i, "base": a["tokens"][i], "echo": b["tokens"][i]})
     record(checkpoint=kind, steps=steps, speed=run["speed"], startup_s=round(run["startup_s"], 1),
+           ms_per_round_bs1=run["speed"][0]["ms_per_round"], ms_per_round_bs8=run["speed"][1]["ms_per_round"],
+           draft_extend_graph=graphs,
            cuda_graph=" cuda graph: True" in run["log"], hybrid_swa="pool sizing: mode=hybrid-swa" in run["log"],
            mean_accept_length=sum(a for a in accept if a) / max(sum(1 for a in accept if a), 1),
            server_avg_accept_length=run["avg_accept"], drafts_correct=correct, drafts_proposed=proposed,
            speedup_bs1=round(run["speed"][0]["tok_per_s"] / base["speed"][0]["tok_per_s"], 3),
            speedup_bs8=round(run["speed"][1]["tok_per_s"] / base["speed"][1]["tok_per_s"], 3),
            score=s.summary(), diffs_vs_base=diffs)  # fmt: skip
+    # 0. the draft extend ran as SGLang's CUDA graph (captured by the ECHO hook, replayed), or eagerly when the
+    #    case turns it off (then SGLang captured none)
+    if extend_graph:
+        assert graphs["captured"] and graphs["replayed"], graphs
+        assert graphs["sglang_capture_lines"] == 2, graphs  # one capture (begin + end), by the hook
+    else:
+        assert graphs["sglang_capture_lines"] == 0 and not graphs["replayed"], graphs
     # 1. the reference's greedy tokens (and, on random weights, the no-ECHO server's)
     assert s.near_top1 == s.positions, (s.summary(), s.mismatches)
     assert s.max_lp_err <= 0.02, s.summary()

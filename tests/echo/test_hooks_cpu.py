@@ -300,3 +300,150 @@ def test_target_pool_and_sizing_under_speculation(hooks, monkeypatch, algo):
     )  # fmt: skip
     assert isinstance(pool, Ernie55TokenToKVPool) and pool.state_ring == blocks * cfg.compress_ratio
     assert pool.is_hybrid_swa and pool.window_rows == 512 + 256
+
+
+# ------------------------------------------------------------------ draft-extend CUDA graph (the capture hook)
+class _RunnerStub:
+    """Stands in for `EAGLEDraftExtendCudaGraphRunner` (whose construction is the capture)."""
+
+    made: list = []
+
+    def __init__(self, eagle_worker, **kwargs):
+        self.eagle_worker = eagle_worker
+        _RunnerStub.made.append(eagle_worker)
+
+
+@pytest.fixture
+def capture_env(hooks, monkeypatch):
+    """SGLang's real, hooked `EagleDraftWorker._capture_cuda_graphs` made to run its CUDA branch on this CPU
+    host: `_is_cuda` on, graph config / batch sizes / memory probes / rank-0 logging answered, the runner class a recording
+    stub, and the two CUDA-only attention modules its allow-list imports (flash-attn, FlashMLA: their
+    libraries need a GPU) stand-in modules. Returns a factory of stand-in draft workers."""
+    import types
+
+    from sglang.srt.speculative import eagle_worker_v2 as ew2
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    from sglang_ernie55.speculative.backend import EchoDraftAttnBackend
+    from sglang_ernie55.speculative.pool import EchoDraftKVPool
+
+    for name, cls in (("flashattention_backend", "FlashAttentionBackend"), ("flashmla_backend", "FlashMLABackend")):
+        mod = types.ModuleType(f"sglang.srt.layers.attention.{name}")
+        setattr(mod, cls, type(cls, (), {}))
+        monkeypatch.setitem(sys.modules, mod.__name__, mod)
+    monkeypatch.setattr(ew2, "_is_cpu", False)
+    monkeypatch.setattr(ew2, "_is_cuda", True)
+    monkeypatch.setattr(ew2, "_is_hip", False)
+    monkeypatch.setattr(ew2, "check_cuda_graph_backend", lambda phase, backend: False)
+    monkeypatch.setattr(ew2, "get_model", lambda: SimpleNamespace(model_impl="auto"))
+    monkeypatch.setattr(ew2, "get_exec", lambda: SimpleNamespace(
+        graph=SimpleNamespace(cuda_graph_config=SimpleNamespace(decode=SimpleNamespace(backend="full")))))  # fmt: skip
+    monkeypatch.setattr(ew2, "get_batch_sizes_to_capture", lambda runner, *a, **k: ([1, 2, 4], []))
+    monkeypatch.setattr(ew2, "get_available_gpu_memory", lambda *a, **k: 10.0)
+    # SGLang logs these on TP rank 0 of an initialized group only; this process has none
+    monkeypatch.setattr(ew2, "log_info_on_rank0", lambda logger, msg: logger.info(msg))
+    monkeypatch.setattr(ew2, "EAGLEDraftExtendCudaGraphRunner", _RunnerStub)
+    monkeypatch.delenv("SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH", raising=False)
+    _RunnerStub.made = []
+
+    def worker(arch: str, backend: str = "echo", device: str = "cuda"):
+        if arch == "echo":
+            cfg = tiny_config(architectures=[ARCH_ECHO])
+        else:
+            cfg = SimpleNamespace(architectures=["LlamaForCausalLM"])
+        pool = EchoDraftKVPool(1024, 256, torch.bfloat16, tiny_config(), device="cpu")
+        runner = _draft_runner(cfg, pool)
+        if backend == "echo":  # built over an ECHO runner (also when handed to another draft, as a control)
+            be = EchoDraftAttnBackend(_draft_runner(tiny_config(architectures=[ARCH_ECHO]), pool))
+        elif backend == "triton":  # in SGLang's allow-list
+            from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
+
+            be = object.__new__(TritonAttnBackend)
+        else:
+            be = object()  # a backend SGLang does not capture the draft extend for
+        return SimpleNamespace(
+            draft_runner=runner, draft_extend_attn_backend=be, draft_attn_backend=None, speculative_num_steps=1,
+            speculative_num_draft_tokens=2, topk=1, speculative_algorithm=SpeculativeAlgorithm.EAGLE,
+            target_worker=SimpleNamespace(device=device), device=device, gpu_id=0,
+            _specialized_graph_memory_usage={}, _specialized_graph_time_usage={},
+        )  # fmt: skip
+
+    return worker
+
+
+def test_capture_hook_adds_the_draft_extend_graph_for_echo_only(capture_env, caplog):
+    """Through SGLang's own (hooked) `_capture_cuda_graphs`: SGLang leaves the ECHO draft without a draft-extend
+    runner (its backend is not in the isinstance allow-list) and the hook builds SGLang's runner for it, with
+    SGLang's log lines and accounting; a Llama draft on an allow-listed backend gets SGLang's runner from SGLang
+    itself (built once, the hook adds nothing); a Llama draft on another backend gets none."""
+    import logging
+
+    from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker
+
+    caplog.set_level(logging.INFO)
+    echo = capture_env("echo")
+    EagleDraftWorker._capture_cuda_graphs(echo)
+    assert _RunnerStub.made == [echo] and isinstance(echo.cuda_graph_runner_for_draft_extend, _RunnerStub)
+    assert echo.cuda_graph_runner is None  # one step: no draft-decode graph (SGLang's rule, untouched)
+    assert "draft_extend" in echo._specialized_graph_memory_usage and "draft_extend" in echo._specialized_graph_time_usage
+    text = caplog.text
+    assert "Capture draft extend CUDA graph begin. backend=full, num_tokens_per_req=2, bs=[1, 2, 4]" in text
+    assert "Capture draft extend CUDA graph end." in text and "ECHO draft: draft-extend CUDA graph captured" in text
+
+    caplog.clear()
+    _RunnerStub.made = []
+    llama = capture_env("llama", backend="triton")
+    EagleDraftWorker._capture_cuda_graphs(llama)
+    assert _RunnerStub.made == [llama]  # SGLang's own choice, exactly once
+    assert "ECHO draft" not in caplog.text and caplog.text.count("Capture draft extend CUDA graph begin") == 1
+
+    _RunnerStub.made = []
+    for w in (capture_env("llama", backend="other"), capture_env("llama", backend="echo")):
+        EagleDraftWorker._capture_cuda_graphs(w)
+        assert w.cuda_graph_runner_for_draft_extend is None
+    assert _RunnerStub.made == []
+
+
+@pytest.mark.parametrize("why", ["graphs-off", "env-off", "cpu", "mindspore", "not-cuda", "other-backend", "oot"])
+def test_capture_hook_follows_sglangs_conditions(capture_env, monkeypatch, why):
+    """No draft-extend graph for ECHO wherever SGLang captures none for its listed backends either (CUDA
+    graphs off, SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH, CPU, MindSpore, a non-CUDA device), nor for a draft
+    runner whose draft-extend backend is not the ECHO one, nor on an out-of-tree platform (which picks its
+    runner through `get_speculative_graph_runner_cls`)."""
+    from sglang.srt.speculative import eagle_worker_v2 as ew2
+
+    from sglang_ernie55 import speculative
+
+    w = capture_env("echo", backend="other" if why == "other-backend" else "echo",
+                    device="xpu" if why == "not-cuda" else "cuda")  # fmt: skip
+    assert speculative.echo_draft_extend_graph_wanted(capture_env("echo"))
+    if why == "graphs-off":
+        monkeypatch.setattr(ew2, "check_cuda_graph_backend", lambda phase, backend: True)
+    elif why == "env-off":
+        monkeypatch.setenv("SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH", "1")
+    elif why == "cpu":
+        monkeypatch.setattr(ew2, "_is_cpu", True)
+    elif why == "mindspore":
+        monkeypatch.setattr(ew2, "get_model", lambda: SimpleNamespace(model_impl="mindspore"))
+    assert not speculative.echo_draft_extend_graph_wanted(w) or why == "oot"
+    if why == "oot":  # only the hook's decision: SGLang's body asks the platform for its runner then
+        monkeypatch.setattr(ew2.current_platform, "is_out_of_tree", lambda: True)
+        assert not speculative.echo_draft_extend_graph_wanted(w)
+        return
+    ew2.EagleDraftWorker._capture_cuda_graphs(w)
+    assert w.cuda_graph_runner_for_draft_extend is None and _RunnerStub.made == []
+
+
+def test_capture_hook_keeps_a_runner_sglang_chose(hooks):
+    """When SGLang's capture already produced a draft-extend runner (e.g. an out-of-tree platform's), the hook
+    keeps it: it only fills SGLang's None."""
+    theirs = object()
+
+    def original(self):
+        self.cuda_graph_runner_for_draft_extend = theirs
+        return "done"
+
+    w = SimpleNamespace(draft_runner=SimpleNamespace(model_config=SimpleNamespace(
+        hf_config=tiny_config(architectures=[ARCH_ECHO]))))  # fmt: skip
+    assert hooks.around_capture_cuda_graphs(original, w) == "done"
+    assert w.cuda_graph_runner_for_draft_extend is theirs
