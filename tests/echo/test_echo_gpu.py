@@ -170,9 +170,9 @@ def _baseline(path, prompts, cfg):
 
 def _score(path, prompts, outs):
     _, ref = sh.load_reference(path, "cuda")
-    # the servers run the kernel path (auto on CUDA), which feeds the attention bf16 queries: the oracle
-    # rounds them too (as tests/serving/test_server_gpu.py does for its kernel-path servers)
-    with sh.kv_rounded_reference(queries=True):
+    # the servers run the kernel path (auto on CUDA) at fp32 activations, whose dots are IEEE fp32: the oracle
+    # rounds only what the pool stores (as tests/serving/test_server_gpu.py does for its fp32 servers)
+    with sh.kv_rounded_reference():
         return sh.score(ref, prompts, outs, "cuda", eps=TIE_NATS)
 
 
