@@ -7,13 +7,18 @@
 #   echo                     tests/echo/test_echo_gpu.py (ECHO through EAGLE, steps 1-3, CUDA graphs)
 #   kernels                  tests/kernels (every kernel vs the reference)
 #   deterministic            tests/serving/test_deterministic_gpu.py (--enable-deterministic-inference: eager /
-#                            graphs / prefix hits / ECHO steps 1-3 bit-identical)
+#                            graphs / prefix hits / ECHO steps 1-3 bit-identical); det_plain / det_echo: its
+#                            no-ECHO and ECHO halves as two processes (det_echo starts its own baseline server)
+#   draft_graph              tests/echo/test_draft_graph_gpu.py (the ECHO draft extend as a real CUDA graph)
+# Narrower selections: GROUP_BF16_K / GROUP_FP8_K (pytest -k of the two serving groups), ECHO_GPU_CASES (echo).
 #   full_width               tests/serving/test_full_width_gpu.py (only with --full-width: its timings
 #                            would be taken beside the others; run it alone for numbers)
 # Carry [".gpu", ".peers"]. Logs under $OUT; a summary last.   bash scripts/gpu-all.sh [--full-width] [names...]
 set -uo pipefail
 cd "$(dirname "$0")/.."
-out="${OUT:-$PWD/gpu-out}"; mkdir -p "$out/serving"
+# the device returns at most 8 files from $OUT: everything is written under $out and packed at the end into
+# $final/gpu-logs.tar.xz, next to each suite's own log
+final="${OUT:-$PWD/gpu-out}"; out=/tmp/gpu-all-out; rm -rf "$out"; mkdir -p "$out/serving" "$final"
 bash .gpu/setup.sh > "$out/setup.log" 2>&1 || { cat "$out/setup.log"; exit 1; }
 # shellcheck disable=SC1091
 source .gpu/env
@@ -37,17 +42,22 @@ pids=()
 for n in "${names[@]}"; do
   case $n in
     full_width) run full_width 0.5 tests/serving/test_full_width_gpu.py & ;;
-    group_bf16) run group_bf16 0.1 tests/serving/test_server_gpu.py -k bf16_kv_group & ;;
-    group_fp8) run group_fp8 0.1 tests/serving/test_server_gpu.py -k fp8_group & ;;
+    group_bf16) run group_bf16 0.1 tests/serving/test_server_gpu.py -k "${GROUP_BF16_K:-bf16_kv_group}" & ;;
+    group_fp8) run group_fp8 0.1 tests/serving/test_server_gpu.py -k "${GROUP_FP8_K:-fp8_group}" & ;;
     kernel_path) run kernel_path 0.1 tests/serving/test_kernel_path_gpu.py & ;;
     echo) run echo 0.1 tests/echo/test_echo_gpu.py & ;;
     kernels) run kernels 0.1 tests/kernels & ;;
     deterministic) run deterministic 0.1 tests/serving/test_deterministic_gpu.py & ;;
+    det_plain) run det_plain 0.1 tests/serving/test_deterministic_gpu.py -k "not echo" & ;;
+    det_echo) run det_echo 0.1 tests/serving/test_deterministic_gpu.py -k echo & ;;
+    draft_graph) run draft_graph 0.1 tests/echo/test_draft_graph_gpu.py & ;;
     *) echo "unknown suite $n"; exit 2 ;;
   esac
   pids+=($!); sleep 3
 done
 wait "${pids[@]}"
+for n in "${names[@]}"; do [ -f "$out/$n.log" ] && cp "$out/$n.log" "$final/"; done
+tar -C "$(dirname "$out")" -cJf "$final/gpu-logs.tar.xz" "$(basename "$out")"
 echo "== summary"
 for n in "${names[@]}"; do
   f="$out/$n.log"; [ -f "$f" ] || continue
