@@ -43,6 +43,7 @@ from sglang_ernie55.kernels import sparse_attn as SA  # noqa: E402
 TARGET = GPUTarget("cuda", 90, 32)
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 H = 64
+DEFAULT_VARIANTS = ["base", "dchunk:64", "dchunk:128"]  # variant[:block_d]
 CONFIGS = [(64, 64, 8, 1), (64, 32, 8, 1), (64, 64, 16, 1), (64, 128, 16, 1)]  # (block_h, block_n, warps, stages)
 
 
@@ -149,13 +150,14 @@ def resources(c, keep: str | None = None, tag: str = "k") -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--variant", nargs="*", default=None, help="kernel variants of sparse_mqa_attention (default: all)")
+    ap.add_argument("--variant", nargs="*", default=None,
+                    help=f"variant[:block_d] of sparse_mqa_attention (default: {' '.join(DEFAULT_VARIANTS)})")
     ap.add_argument("--configs", nargs="*", default=None, help="BH,BN,W,S tuples (default: the bench configs)")
     ap.add_argument("--only", nargs="*", default=None, help="cases: hca_fp8 hca_bf16 mla_fp8 mla_bf16")
     ap.add_argument("--keep", default=None, help="directory to keep the .ptx / .cubin files in")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
-    variants = args.variant or list(getattr(SA, "VARIANTS", (None,)))
+    variants = args.variant or DEFAULT_VARIANTS
     configs = [tuple(int(x) for x in c.split(",")) for c in args.configs] if args.configs else CONFIGS
     cases = _cases()
     print(f"# sparse_attn split kernel, sm_90, triton {triton.__version__}, torch {torch.__version__}")
@@ -169,10 +171,12 @@ def main() -> int:
             for cfg in configs:
                 ckw = dict(kw, block_h=cfg[0], block_n=cfg[1], num_warps=cfg[2], num_stages=cfg[3])
                 if var is not None:
-                    ckw["variant"] = var
+                    ckw["variant"], _, bd = var.partition(":")
+                    if bd:
+                        ckw["block_d"] = int(bd)
                 try:
                     kern, a, k = capture_split_launch(q, scopes, ckw)
-                    r = resources(compile_sm90(kern, a, k), args.keep, f"{var}_{name}_{'_'.join(map(str, cfg))}")
+                    r = resources(compile_sm90(kern, a, k), args.keep, f"{var.replace(':', '')}_{name}_{'_'.join(map(str, cfg))}")
                 except Exception as e:  # noqa: BLE001
                     print(f"| {var} | {name} | {cfg} | failed: {type(e).__name__}: {str(e)[:200]} |||||")
                     continue
