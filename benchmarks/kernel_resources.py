@@ -44,7 +44,9 @@ TARGET = GPUTarget("cuda", 90, 32)
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 H = 64
 DEFAULT_VARIANTS = ["base", "dchunk:64", "dchunk:128"]  # variant[:block_d]
-CONFIGS = [(64, 64, 8, 1), (64, 32, 8, 1), (64, 64, 16, 1), (64, 128, 16, 1)]  # (block_h, block_n, warps, stages)
+# (block_h, block_n, warps, stages): serving's default (it passes no tuning) first, the bench's chosen config, the
+# "dchunk" candidates of bench_decode.py --variants, 16 warps
+CONFIGS = [(64, 32, 8, 1), (64, 64, 8, 1), (64, 16, 8, 1), (64, 32, 8, 2), (64, 64, 8, 2), (64, 64, 16, 1)]
 
 
 def _cases():
@@ -66,7 +68,7 @@ def _cases():
         out[f"mla_{kv}"] = (
             torch.zeros(B, H, 576, dtype=torch.bfloat16),
             [SA.Scope(gm.alloc(1), gm, torch.zeros(B, 2048, dtype=torch.int32), torch.full((B,), 2048, dtype=torch.int32))],
-            dict(sm_scale=192**-0.5, d_v=512),
+            dict(sm_scale=192**-0.5, d_v=512, out=torch.empty(B, H, 512)),
         )  # fmt: skip
     return out
 
