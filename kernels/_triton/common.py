@@ -133,6 +133,16 @@ def row_ptrs(row, srow, u8_ptr, f8_ptr, bf_ptr, f32_ptr, KIND: tl.constexpr):
 
 
 @triton.jit
+def _tile_scale(sc_row, valid, T0: tl.constexpr, KIND: tl.constexpr):
+    """[BN] fp32 scale of fp8 tile T0 of each row (1 where not valid)."""
+    if KIND == 1:
+        sb = tl.load(sc_row + T0, mask=valid, other=127).to(tl.int32)
+        return (sb << 23).to(tl.float32, bitcast=True)
+    else:
+        return tl.load(sc_row + T0, mask=valid, other=1.0)
+
+
+@triton.jit
 def load_chunk(
     f8_row, bf_row, sc_row, valid,
     D0: tl.constexpr, W: tl.constexpr, KIND: tl.constexpr, NOPE: tl.constexpr, TILE: tl.constexpr,
@@ -155,22 +165,14 @@ def load_chunk(
         else:
             q = tl.load(f8_row[:, None] + d[None, :], mask=vmask, other=0.0).to(DT)
         if W <= TILE:  # one scale per token
-            if KIND == 1:
-                sb = tl.load(sc_row + D0 // TILE, mask=valid, other=127).to(tl.int32)
-                sc = (sb << 23).to(tl.float32, bitcast=True)
-            else:
-                sc = tl.load(sc_row + D0 // TILE, mask=valid, other=1.0)
-            q = q * sc.to(DT)[:, None]
-        else:
-            NT: tl.constexpr = W // TILE
-            t = D0 // TILE + tl.arange(0, NT)
-            tmask = vmask & (t < NOPE // TILE)[None, :]
-            if KIND == 1:
-                sb = tl.load(sc_row[:, None] + t[None, :], mask=tmask, other=127).to(tl.int32)
-                sc = (sb << 23).to(tl.float32, bitcast=True)
-            else:
-                sc = tl.load(sc_row[:, None] + t[None, :], mask=tmask, other=1.0)
-            q = tl.reshape(tl.reshape(q, (BN, NT, TILE)) * sc.to(DT)[:, :, None], (BN, W))
+            q = q * _tile_scale(sc_row, valid, D0 // TILE, KIND).to(DT)[:, None]
+        else:  # W // TILE tiles: each column takes its tile's scale (a select per column, no 3-D reshape)
+            sc = _tile_scale(sc_row, valid, D0 // TILE, KIND).to(DT)[:, None] + tl.zeros([BN, W], DT)
+            for j in tl.static_range(1, W // TILE):
+                if D0 + j * TILE < NOPE:
+                    sj = _tile_scale(sc_row, valid, D0 // TILE + j, KIND).to(DT)
+                    sc = tl.where((d >= D0 + j * TILE)[None, :], sj[:, None], sc)
+            q = q * sc
         if D0 + W > NOPE:
             b = tl.load(bf_row[:, None] + (d[None, :] - NOPE // 2), mask=vmask & (d >= NOPE)[None, :],
                         other=0.0).to(DT)  # fmt: skip
