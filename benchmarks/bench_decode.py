@@ -166,18 +166,20 @@ def wide_sweep(kv: str, fm: bool) -> None:
         print(f"  mla fp8 b64 FlashMLA: {bench(lambda: flashmla_sparse_attention(mq, msc, sm_scale=192**-0.5, d_v=512)) * 1e3:.1f} us")
 
 
-# --variants: (label, sparse_mqa_attention tuning kwargs). "base" = the kernel serving runs today (serving passes
-# no tuning: block_n 32, 8 warps, 1 stage); "dc128 ..." = variant="dchunk", block_d=128 (0-14 spilled words per
-# thread at these configs in the offline sm_90 compile vs 230-408 for base, benchmarks/kernel_resources.py).
+# --variants: (label, sparse_mqa_attention tuning kwargs; labels give block_h, block_n, warps, stages). "base" = the
+# kernel serving runs today (serving passes no tuning: block_n 32, 8 warps, 1 stage); "dcNN" = variant="dchunk",
+# block_d=NN at the configs where the offline sm_90 compile spills 0-12 words per thread (base: 92-408;
+# benchmarks/kernel_resources.py, docs/kernels.md).
 VARIANT_CANDIDATES = [
     ("base 64,64,8,1", dict(block_n=64)),
     ("base 64,32,8,1 (serving)", dict(block_n=32)),
     ("dc128 64,32,8,1", dict(variant="dchunk", block_d=128, block_n=32)),
     ("dc128 64,32,8,2", dict(variant="dchunk", block_d=128, block_n=32, num_stages=2)),
-    ("dc128 64,16,8,1", dict(variant="dchunk", block_d=128, block_n=16)),
+    ("dc128 64,64,8,2", dict(variant="dchunk", block_d=128, block_n=64, num_stages=2)),
+    ("dc128 64,16,8,2", dict(variant="dchunk", block_d=128, block_n=16, num_stages=2)),
     ("dc64 64,64,8,2", dict(variant="dchunk", block_d=64, block_n=64, num_stages=2)),
 ]
-VARIANT_QUICK = [0, 1, 2, 3]  # --quick: these candidates only
+VARIANT_QUICK = [0, 1, 2, 3, 4]  # --quick: these candidates only
 
 
 def _compile_report() -> str:
