@@ -46,7 +46,7 @@ H = 64
 DEFAULT_VARIANTS = ["base", "dchunk:64", "dchunk:128"]  # variant[:block_d]
 # (block_h, block_n, warps, stages): serving's default (it passes no tuning) first, the bench's chosen config, the
 # "dchunk" candidates of bench_decode.py --variants, 16 warps
-CONFIGS = [(64, 32, 8, 1), (64, 64, 8, 1), (64, 16, 8, 1), (64, 32, 8, 2), (64, 64, 8, 2), (64, 64, 16, 1)]
+CONFIGS = [(64, 32, 8, 1), (64, 64, 8, 1), (64, 32, 8, 2), (64, 64, 8, 2), (64, 16, 8, 2), (64, 64, 16, 1)]
 
 
 def _cases():
