@@ -125,16 +125,16 @@ def sparse_mqa_attention(
         out.shape == (T, H, d_v) and out.stride(2) == 1,
         f"out: expected [{T}, {H}, {d_v}] with contiguous last dim",
     )
-    lse = torch.empty(T, H, dtype=torch.float32, device=q.device)
-    if T == 0:
-        return out, lse
-
     check(variant in VARIANTS, f"variant: one of {VARIANTS}, got {variant!r}")
     if variant == "dchunk":
         check(block_d >= 16 and block_d & (block_d - 1) == 0 and a.main % block_d == 0 and a.main // block_d <= 8,
               f"block_d: a power of two >= 16 dividing {a.main} into at most 8 chunks, got {block_d}")  # fmt: skip
         check(a.kind == 0 or a.tile % block_d == 0 or block_d % a.tile == 0,
               f"block_d: must divide or be a multiple of the fp8 scale tile {a.tile}, got {block_d}")  # fmt: skip
+    lse = torch.empty(T, H, dtype=torch.float32, device=q.device)
+    if T == 0:
+        return out, lse
+
     bh = block_h or max(16, min(64, triton.next_power_of_2(H)))
     n_hb = triton.cdiv(H, bh)
     KA = main.indices.shape[1]
