@@ -6,6 +6,12 @@ Bytes counted per call (the fewest a kernel must move): every gathered key once 
 the pool), q read, o written (bf16), the index lists (int32). Timing: triton.testing.do_bench median.
 
     python benchmarks/bench_decode.py [--out DIR] [--quick]
+    python benchmarks/bench_decode.py --variants [--quick] [--out DIR]   # split-kernel variants vs FlashMLA
+
+``--variants`` times every candidate of ``VARIANT_CANDIDATES`` (the base kernel at the bench's and at serving's
+config, the head-dim-chunked "dchunk" kernel at its spill-free configs, docs/kernels.md) on the decode shapes
+(HCA fp8 / bf16 at batch 1 / 8 / 64 / 256 x 4K / 32K / 128K, MLA-DSA top-k 2048 at batch 1 / 8 / 64 / 256)
+next to FlashMLA (fp8), prints each candidate's compile report once (registers, spills, wgmma) and the table.
 """
 
 from __future__ import annotations
@@ -33,11 +39,14 @@ DEV = "cuda"
 H = 64
 
 
+REP_MS = 60
+
+
 def bench(fn) -> float:
     """Median ms of CUDA-graph replays (no Python launch overhead in the number)."""
     fn()
     torch.cuda.synchronize()
-    return triton.testing.do_bench_cudagraph(fn, rep=60, return_mode="median")
+    return triton.testing.do_bench_cudagraph(fn, rep=REP_MS, return_mode="median")
 
 
 def copy_bandwidth() -> float:
@@ -157,11 +166,121 @@ def wide_sweep(kv: str, fm: bool) -> None:
         print(f"  mla fp8 b64 FlashMLA: {bench(lambda: flashmla_sparse_attention(mq, msc, sm_scale=192**-0.5, d_v=512)) * 1e3:.1f} us")
 
 
+# --variants: (label, sparse_mqa_attention tuning kwargs; labels give block_h, block_n, warps, stages). "base" = the
+# kernel serving runs today (serving passes no tuning: block_n 32, 8 warps, 1 stage); "dcNN" = variant="dchunk",
+# block_d=NN at the configs where the offline sm_90 compile spills 0-12 words per thread (base: 92-408;
+# benchmarks/kernel_resources.py, docs/kernels.md).
+VARIANT_CANDIDATES = [
+    ("base 64,64,8,1", dict(block_n=64)),
+    ("base 64,32,8,1 (serving)", dict(block_n=32)),
+    ("dc128 64,32,8,1", dict(variant="dchunk", block_d=128, block_n=32)),
+    ("dc128 64,32,8,2", dict(variant="dchunk", block_d=128, block_n=32, num_stages=2)),
+    ("dc128 64,64,8,2", dict(variant="dchunk", block_d=128, block_n=64, num_stages=2)),
+    ("dc128 64,16,8,2", dict(variant="dchunk", block_d=128, block_n=16, num_stages=2)),
+    ("dc64 64,64,8,2", dict(variant="dchunk", block_d=64, block_n=64, num_stages=2)),
+]
+VARIANT_QUICK = [0, 1, 2, 3, 4]  # --quick: these candidates only
+
+
+def _compile_report() -> str:
+    ck = LAST_COMPILED.get("split")
+    out = f"regs {ck.n_regs} spills {ck.n_spills}" if hasattr(ck, "n_regs") else "regs ?"
+    try:
+        out += " wgmma" if "wgmma" in ck.asm["ptx"] else " mma.sync"
+    except Exception:  # noqa: BLE001
+        pass
+    return out
+
+
+def variants_table(args, fm: bool, bw: float, stamp: str, props) -> int:
+    """Every candidate of VARIANT_CANDIDATES (and FlashMLA for fp8) on the decode shapes; one table."""
+    global REP_MS
+    REP_MS = 30
+    cands = [VARIANT_CANDIDATES[i] for i in VARIANT_QUICK] if args.quick else VARIANT_CANDIDATES
+    batches, ctxs = ([1, 64, 256], [4096, 131072]) if args.quick else ([1, 8, 64, 256], [4096, 32768, 131072])
+    reported: set = set()
+    rows = []
+    shapes = [("hca", kv, B, ctx) for kv in ("fp8", "bf16") for B in batches for ctx in ctxs]
+    shapes += [("mla", kv, B, None) for kv in ("fp8", "bf16") for B in batches]
+    for kind, kv, B, ctx in shapes:
+        if kind == "hca":
+            q, main_, extra, sink, nbytes = hca_inputs(kv, B, ctx)
+            call = functools.partial(sparse_mqa_attention, q, main_, extra, sm_scale=512**-0.5, d_v=512, sink=sink)
+            fcall = functools.partial(flashmla_sparse_attention, q, main_, extra, sm_scale=512**-0.5, d_v=512,
+                                      sink=sink)  # fmt: skip
+        else:
+            q, main_, nbytes = mla_inputs(kv, B)
+            call = functools.partial(sparse_mqa_attention, q, main_, sm_scale=192**-0.5, d_v=512)
+            fcall = functools.partial(flashmla_sparse_attention, q, main_, sm_scale=192**-0.5, d_v=512)
+        ref = call()[0].float()
+        r = dict(kind=kind, kv=kv, batch=B, ctx=ctx, nbytes=nbytes, us={})
+        for label, ckw in cands:
+            try:
+                o = call(**ckw)[0]
+                err = ((o.float() - ref).norm() / ref.norm()).item()
+                ms = bench(functools.partial(call, **ckw))
+            except Exception as e:  # noqa: BLE001
+                print(f"  {kind} {kv} b{B} {ctx}: {label} failed {type(e).__name__}: {str(e)[:160]}", flush=True)
+                continue
+            r["us"][label] = ms * 1e3
+            key = (label, kind, kv)
+            if key not in reported:
+                reported.add(key)
+                print(f"  compile {kind} {kv} {label}: {_compile_report()}; rel. diff vs base {err:.1e}", flush=True)
+            if err > 2e-2:
+                print(f"  WARNING {kind} {kv} b{B} {ctx} {label}: rel. diff vs base {err:.1e}", flush=True)
+        r["flashmla_us"] = None
+        if fm and kv == "fp8":
+            import flash_mla
+
+            try:
+                r["flashmla_us"] = bench(functools.partial(fcall, sched_meta=flash_mla.get_mla_metadata()[0])) * 1e3
+            except Exception as e:  # noqa: BLE001
+                print(f"  flashmla {kind} failed: {e!r}"[:200])
+        print("ROW", json.dumps(r), flush=True)
+        rows.append(r)
+        q = main_ = extra = call = fcall = ref = None
+        torch.cuda.empty_cache()
+
+    labels = [c[0] for c in cands]
+    base = labels[0]
+    lines = [
+        f"Measured {stamp} on {props.name} ({props.multi_processor_count} SMs), torch {torch.__version__}, triton "
+        f"{triton.__version__}; copy bandwidth {bw:.2f} TB/s. Split-kernel candidates (block_h, block_n, warps, "
+        f"stages), times in us (median of CUDA-graph replays); best = fastest candidate; ratios vs '{base}'.",
+        "",
+        "| kernel | kv | batch | context | " + " | ".join(labels) + " | best | best / base | FlashMLA | best / FlashMLA |",
+        "| --- | --- | --- | --- | " + " | ".join("---" for _ in labels) + " | --- | --- | --- | --- |",
+    ]
+    for r in rows:
+        us = r["us"]
+        best = min(us, key=us.get) if us else None
+        ctx = "-" if r["ctx"] is None else f"{r['ctx'] // 1024}K"
+        kname = "HCA decode" if r["kind"] == "hca" else "MLA-DSA decode (top-k 2048)"
+        cells = [f"{us[lb]:.1f}" if lb in us else "-" for lb in labels]
+        f = r["flashmla_us"]
+        lines.append(" | ".join([
+            f"| {kname}", r["kv"], str(r["batch"]), ctx, *cells, best or "-",
+            f"{us[best] / us[base]:.2f}x" if best and base in us else "-", "-" if f is None else f"{f:.1f}",
+            f"{us[best] / f:.2f}x" if best and f else "-",
+        ]) + " |")  # fmt: skip
+    table = "\n".join(lines)
+    print(table)
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "variants_table.md"), "w") as fh:
+            fh.write(table + "\n")
+        with open(os.path.join(args.out, "variants.json"), "w") as fh:
+            json.dump(dict(stamp=stamp, device=props.name, copy_tbs=bw, candidates=cands, rows=rows), fh)
+    return 0
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--sweep", action="store_true", help="only the wide config sweep at batch 64 (fp8 and bf16)")
+    ap.add_argument("--variants", action="store_true", help="only the split-kernel variants table (vs FlashMLA)")
     args = ap.parse_args()
     torch.manual_seed(0)
     props = torch.cuda.get_device_properties(0)
@@ -183,6 +302,8 @@ def main():
         for kv in ("fp8", "bf16"):
             wide_sweep(kv, fm)
         return
+    if args.variants:
+        return variants_table(args, fm, bw, stamp, props)
     # --- config sweep on the 128K shapes
     hq, hmain, hextra, hsink, _ = hca_inputs("fp8", 64, 128 * 1024)
     hcfg = sweep("hca fp8 b64 128K", lambda c: sparse_mqa_attention(

@@ -31,11 +31,15 @@ import torch
 import triton
 
 from ._pool import check, check_pool, dot_dtype, pool_args, pool_views
-from ._triton.sparse_attn import sparse_attn_combine_kernel, sparse_attn_split_kernel
+from ._triton.sparse_attn import sparse_attn_combine_kernel, sparse_attn_split_dc_kernel, sparse_attn_split_kernel
 from .layout import Geometry, KVLayout
 
 LN2 = math.log(2.0)
 LAST_COMPILED: dict = {}  # diagnostics: the last compiled split kernel (n_regs / n_spills / asm)
+# Split-kernel variants (same arguments, same results): "base" holds the whole [block_n, D] key tile and the
+# [block_h, D] accumulator as single tiles; "dchunk" cuts the head dim into chunks of block_d dims (keys read,
+# multiplied and accumulated chunk by chunk: fewer live registers). Default "base" until timed on the GPU.
+VARIANTS = ("base", "dchunk")
 
 
 @dataclasses.dataclass
@@ -79,7 +83,7 @@ def sparse_mqa_attention(
     q: torch.Tensor, main: Scope, extra: Scope | None = None, *, sm_scale: float, d_v: int,
     sink: torch.Tensor | None = None, out: torch.Tensor | None = None, num_splits: int | None = None,
     block_h: int | None = None, block_n: int = 32, num_warps: int | None = None, num_stages: int = 1,
-    split_keys: int | None = None,
+    split_keys: int | None = None, variant: str = "base", block_d: int = 64,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """Returns (out [T, h, d_v] bf16 (or ``out``'s dtype), lse [T, h] fp32, natural log, without the sink).
 
@@ -123,6 +127,12 @@ def sparse_mqa_attention(
         out.shape == (T, H, d_v) and out.stride(2) == 1,
         f"out: expected [{T}, {H}, {d_v}] with contiguous last dim",
     )
+    check(variant in VARIANTS, f"variant: one of {VARIANTS}, got {variant!r}")
+    if variant == "dchunk":
+        check(block_d >= 16 and block_d & (block_d - 1) == 0 and a.main % block_d == 0 and a.main // block_d <= 8,
+              f"block_d: a power of two >= 16 dividing {a.main} into at most 8 chunks, got {block_d}")  # fmt: skip
+        check(a.kind == 0 or a.tile % block_d == 0 or block_d % a.tile == 0,
+              f"block_d: must divide or be a multiple of the fp8 scale tile {a.tile}, got {block_d}")  # fmt: skip
     lse = torch.empty(T, H, dtype=torch.float32, device=q.device)
     if T == 0:
         return out, lse
@@ -161,7 +171,14 @@ def sparse_mqa_attention(
     common = dict(HAS_B=extra is not None, HAS_LA=main.lengths is not None,
                   HAS_LB=extra is not None and extra.lengths is not None, HAS_SINK=sink is not None,
                   SINGLE=single, BH=bh, BN=block_n, DT=dot_dtype(q.dtype == torch.float32), num_warps=nw, num_stages=num_stages)  # fmt: skip
-    LAST_COMPILED["split"] = sparse_attn_split_kernel[(n_hb, T, num_splits)](
+    if variant == "dchunk":  # the extra pool through the main pool's views, at a byte distance
+        kernel, common = sparse_attn_split_dc_kernel, dict(common, DC=block_d)
+        delta = ub[0].data_ptr() - ua[0].data_ptr()
+        check(delta % 4 == 0, "pools: base addresses must be 4-byte aligned")
+        ub = (delta,)
+    else:
+        kernel = sparse_attn_split_kernel
+    LAST_COMPILED["split"] = kernel[(n_hb, T, num_splits)](
         q, q.stride(0), q.stride(1), H, chunk,
         main.indices, main.indices.stride(0), main.lengths if main.lengths is not None else dummy_len, KA,
         *ua, a.page_size, a.page_bytes, a.data_stride, a.scale_base, a.scale_stride,

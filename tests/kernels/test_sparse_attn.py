@@ -50,20 +50,36 @@ def _hca_case(
     return o, lse, (q, main, extra, sink)
 
 
+# split-kernel variants: the base kernel and the head-dim-chunked one (chunks of 64 / 128 / 256 dims: one scale
+# tile per chunk, two tiles per chunk, a chunk that holds both fp8 and bf16 dims of the HCA row)
+VAR = {"base": {}, "dc64": dict(variant="dchunk", block_d=64), "dc128": dict(variant="dchunk", block_d=128),
+       "dc256": dict(variant="dchunk", block_d=256)}  # fmt: skip
+
+
 @pytest.mark.parametrize("kv", ["fp8", "bf16"])
 @pytest.mark.parametrize("splits", [1, 3])
-def test_hca_decode_tiny(kv, splits):
+@pytest.mark.parametrize("var", ["base", "dc64", "dc128"])
+def test_hca_decode_tiny(kv, splits, var):
     # lengths around the window / block: 1, 127, 129, 257 (2 compressed entries); 4 heads (padded to 16)
-    _hca_case(kv, [1, 127, 129, 257], 1, H=4, num_splits=splits, check_mask_ref=True)
+    _hca_case(kv, [1, 127, 129, 257], 1, H=4, num_splits=splits, check_mask_ref=True, **VAR[var])
 
 
-def test_hca_extend_tiny_dims():
-    # tiny head dims (128 = 64 fp8 + 64 bf16 rope), a chunk of 3 queries per request
-    _hca_case("fp8", [19, 130], 3, H=2, dim=128, rope=64, num_splits=2)
+@pytest.mark.parametrize("var", ["base", "dc64", "dc128"])
+def test_hca_extend_tiny_dims(var):
+    # tiny head dims (128 = 64 fp8 + 64 bf16 rope), a chunk of 3 queries per request; dc128: one chunk that
+    # holds the fp8 and the bf16 dims of the row
+    _hca_case("fp8", [19, 130], 3, H=2, dim=128, rope=64, num_splits=2, **VAR[var])
+
+
+@pytest.mark.parametrize("var", ["dc256"])
+def test_hca_decode_tiny_dchunk_mixed_chunk(var):
+    # full width, chunks of 256: chunk 0 = 4 fp8 tiles, chunk 1 = 3 fp8 tiles + the 64 bf16 rope dims
+    _hca_case("fp8", [129, 257], 1, H=4, num_splits=2, **VAR[var])
 
 
 @pytest.mark.parametrize("kv", ["fp8", "bf16"])
-def test_mla_decode_tiny(kv):
+@pytest.mark.parametrize("var", ["base", "dc64", "dc128", "dc256"])
+def test_mla_decode_tiny(kv, var):
     torch.manual_seed(1)
     g = L.mla_geometry(kv)
     reqs = PagedRequests([1, 97, 300])
@@ -72,9 +88,70 @@ def test_mla_decode_tiny(kv):
     idx, ln = reqs.mla_indices(queries)
     idx[2, 5] = -1  # a hole inside the list is skipped
     q = torch.randn(3, 16, 576, device=DEV).to(torch.bfloat16)
-    o, _ = sparse_mqa_attention(q, Scope(pool, g, idx, ln), sm_scale=192**-0.5, d_v=512, num_splits=2)
+    o, _ = sparse_mqa_attention(q, Scope(pool, g, idx, ln), sm_scale=192**-0.5, d_v=512, num_splits=2, **VAR[var])
     ref = R.sparse_attention(q.cpu(), [(pool.cpu(), g, idx.cpu(), ln.cpu())], None, 192**-0.5, 512)
     assert rel(o.cpu(), ref) < TOL[kv]
+
+
+@pytest.mark.parametrize("kv", ["fp8", "bf16"])
+@pytest.mark.parametrize("var", ["base", "dc128"])
+def test_mla_tiny_value_with_rope_tail(kv, var):
+    """d_v = 576: the value includes the bf16 rope tail (its own accumulator), one split and several."""
+    torch.manual_seed(5)
+    g = L.mla_geometry(kv)
+    reqs = PagedRequests([70, 200])
+    pool, _ = filled_pool(g, reqs.num_pages, 576)
+    idx, ln = reqs.mla_indices([(0, 69), (1, 199)])
+    q = torch.randn(2, 16, 576, device=DEV).to(torch.bfloat16)
+    ref = R.sparse_attention(q.cpu(), [(pool.cpu(), g, idx.cpu(), ln.cpu())], None, 192**-0.5, 576)
+    for splits in (1, 3):
+        o, _ = sparse_mqa_attention(q, Scope(pool, g, idx, ln), sm_scale=192**-0.5, d_v=576, num_splits=splits,
+                                    **VAR[var])  # fmt: skip
+        assert rel(o.cpu(), ref) < TOL[kv], (splits, rel(o.cpu(), ref))
+
+
+@pytest.mark.parametrize("kv", ["fp8", "bf16"])
+@pytest.mark.parametrize("var", ["base", "dc64", "dc128"])
+def test_two_scopes_ragged_boundary(kv, var):
+    """Main lengths that are not multiples of block_n, so a key block straddles the main / extra boundary (the
+    dchunk kernel reads both scopes in one loop), holes (-1) in both scopes, empty scopes, an empty query (out
+    0), and splits that end inside either scope; HCA rows (dim 128) in two differently paged pools."""
+    torch.manual_seed(6)
+    g = L.hca_geometry(kv, dim=128, rope=64)
+    gc = L.hca_geometry(kv, dim=128, rope=64, page_size=L.HCA_CMP_PER_PAGE)
+    pa, _ = filled_pool(g, 3, 128)
+    pb, _ = filled_pool(gc, 200, 128)
+    la = [5, 37, 0, 70, 0]
+    lb = [3, 0, 50, 64, 0]
+    ia = torch.full((5, 96), -1, dtype=torch.int32)
+    ib = torch.full((5, 64), -1, dtype=torch.int32)
+    for t in range(5):
+        ia[t, : la[t]] = torch.randperm(3 * 256)[: la[t]].to(torch.int32)
+        ib[t, : lb[t]] = torch.randperm(400)[: lb[t]].to(torch.int32)
+        ia[t, la[t] :] = 7  # valid-looking slots past the length
+    ia[1, 3] = -1
+    ib[2, 40] = -1
+    wl, cl = torch.tensor(la, dtype=torch.int32), torch.tensor(lb, dtype=torch.int32)
+    ia, ib, wl, cl = ia.to(DEV), ib.to(DEV), wl.to(DEV), cl.to(DEV)
+    q = torch.randn(5, 4, 128, device=DEV).to(torch.bfloat16)
+    sink = torch.randn(4, device=DEV)
+    scopes = [(pa.cpu(), g, ia.cpu(), wl.cpu()), (pb.cpu(), gc, ib.cpu(), cl.cpu())]
+    ref = R.sparse_attention(q.cpu(), scopes, sink.cpu(), 128**-0.5, 128)
+    for kw in (dict(num_splits=1), dict(num_splits=3), dict(split_keys=32)):
+        out = poison((5, 4, 128), torch.float32)
+        o, lse = sparse_mqa_attention(q, Scope(pa, g, ia, wl), Scope(pb, gc, ib, cl), sm_scale=128**-0.5, d_v=128,
+                                      sink=sink, out=out, **kw, **VAR[var])  # fmt: skip
+        assert not torch.isnan(o).any() and rel(o.cpu(), ref) < TOL[kv], (kw, rel(o.cpu(), ref))
+        assert (o[4] == 0).all() and torch.isinf(lse[4]).all()
+
+
+def test_variant_checks():
+    q, scopes, kw = _invariance_cases()["mla"]
+    with pytest.raises(ValueError, match="variant"):
+        sparse_mqa_attention(q, *scopes, variant="nope", **kw)
+    for bd in (32 + 16, 1024, 8):
+        with pytest.raises(ValueError, match="block_d"):
+            sparse_mqa_attention(q, *scopes, variant="dchunk", block_d=bd, **kw)
 
 
 def test_sparse_attn_rejects_bad_shapes():
@@ -97,15 +174,20 @@ RAGGED = [1, 19, 97, 127, 128, 129, 255, 256, 257, 511, 513, 3001]
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("kv", ["fp8", "bf16"])
-@pytest.mark.parametrize("cfg", [{}, {"block_n": 64, "num_warps": 16}, {"block_h": 16, "num_warps": 4}])
+@pytest.mark.parametrize("cfg", [{}, {"block_n": 64, "num_warps": 16}, {"block_h": 16, "num_warps": 4},
+                                 {"variant": "dchunk", "block_d": 64, "block_n": 64},
+                                 {"variant": "dchunk", "block_d": 128, "block_n": 32},
+                                 {"variant": "dchunk", "block_d": 128, "block_n": 16},
+                                 {"variant": "dchunk", "block_d": 64, "block_n": 32, "num_warps": 16}])  # fmt: skip
 def test_hca_decode_full(kv, cfg):
     _hca_case(kv, RAGGED, 1, H=64, check_mask_ref=True, **cfg)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("kv", ["fp8", "bf16"])
-def test_hca_extend_full(kv):
-    _hca_case(kv, [129, 300, 1000], 40, H=64, check_mask_ref=True)
+@pytest.mark.parametrize("var", ["base", "dc64", "dc128"])
+def test_hca_extend_full(kv, var):
+    _hca_case(kv, [129, 300, 1000], 40, H=64, check_mask_ref=True, **VAR[var])
 
 
 @pytest.mark.gpu
@@ -125,7 +207,10 @@ def test_hca_flashmla_same_cache(H):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("kv", ["fp8", "bf16"])
-@pytest.mark.parametrize("cfg", [{}, {"block_n": 64, "num_warps": 16}])
+@pytest.mark.parametrize("cfg", [{}, {"block_n": 64, "num_warps": 16},
+                                 {"variant": "dchunk", "block_d": 64, "block_n": 64},
+                                 {"variant": "dchunk", "block_d": 128, "block_n": 32},
+                                 {"variant": "dchunk", "block_d": 256, "block_n": 32, "num_stages": 2}])  # fmt: skip
 def test_mla_sparse_full(kv, cfg):
     torch.manual_seed(2)
     g = L.mla_geometry(kv)
@@ -220,11 +305,13 @@ def _invariance_cases():
 
 
 @pytest.mark.parametrize("kind", ["hca", "mla"])
-def test_split_keys_batch_invariant(kind):
+@pytest.mark.parametrize("var", ["base", "dc64"])
+def test_split_keys_batch_invariant(kind, var):
     """With fixed key splits (SGLang's --enable-deterministic-inference) a query's output is bit-identical
     whether it runs alone on its narrowest index row or inside a batch, reordered, with wider (-1 padded)
     rows; the split size that serving uses (256) and a small one that forces several splits per row."""
     q, scopes, kw = _invariance_cases()[kind]
+    kw = dict(kw, **VAR[var])
     for split_keys in (64, 256):
         alone, batched = _run_in_batches(q, scopes, split_keys, **kw)
         assert torch.equal(alone, batched), (split_keys, (alone.float() - batched.float()).abs().max().item())
@@ -252,7 +339,8 @@ def test_split_keys_checks():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("kv", ["fp8", "bf16"])
-def test_split_keys_batch_invariant_full(kv):
+@pytest.mark.parametrize("var", ["base", "dc128"])
+def test_split_keys_batch_invariant_full(kv, var):
     """Full width (64 heads, HCA 512 with sink, MLA 576 with top-k 2048 rows) on the GPU's bf16 MMAs: alone vs
     batched, bit-identical with split_keys=256 (what serving uses under --enable-deterministic-inference)."""
     torch.manual_seed(4)
@@ -263,7 +351,7 @@ def test_split_keys_batch_invariant_full(kv):
     queries = [(r, s - 1) for r, s in enumerate(reqs.seq_lens)]
     (wi, wl), (ci, cl) = reqs.hca_indices(queries)
     q = torch.randn(len(queries), 64, 512, device=DEV).to(torch.bfloat16)
-    kw = dict(sm_scale=512**-0.5, d_v=512, sink=torch.randn(64, device=DEV))
+    kw = dict(sm_scale=512**-0.5, d_v=512, sink=torch.randn(64, device=DEV), **VAR[var])
     alone, batched = _run_in_batches(q, [Scope(win_pool, g, wi, wl), Scope(cmp_pool, gc, ci, cl)], 256, **kw)
     assert torch.equal(alone, batched), (alone - batched).abs().max().item()
     gm = L.mla_geometry(kv)
@@ -275,7 +363,7 @@ def test_split_keys_batch_invariant_full(kv):
     ln = torch.tensor([len(r) for r in rows], dtype=torch.int32)
     mq = torch.randn(len(rows), 64, 576, device=DEV).to(torch.bfloat16)
     alone, batched = _run_in_batches(mq, [Scope(pool, gm, idx.to(DEV), ln.to(DEV))], 256, sm_scale=192**-0.5,
-                                     d_v=512)  # fmt: skip
+                                     d_v=512, **VAR[var])  # fmt: skip
     assert torch.equal(alone, batched), (alone - batched).abs().max().item()
 
 
