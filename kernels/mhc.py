@@ -10,9 +10,10 @@ Formulas (reference: sglang_ernie55.reference.mhc), R [T, n, H], x = R.flatten(-
 
 Backends: ``"sglang"`` uses SGLang 0.5.23's Triton pieces where they fit (``hc_mix_stats`` for m,
 ``_hc_split_sinkhorn_triton`` for pre/post/C, ``mhc_combine`` for y; there is no SGLang Triton hc_post
-for general n, so hc_post is always ours); ``"ours"`` uses a cuBLAS fp32 GEMM for m and our fused
-Triton tail (split + Sinkhorn + weighted sum in one pass over R). ``"auto"`` = ours (one pass over R
-instead of two; SGLang's pieces stay selectable and are tested against the same reference).
+for general n, so hc_post is always ours); ``"ours"`` uses a cuBLAS fp32 GEMM for the raw mix x @ fn^T and
+our fused Triton tail (the row's rsqrt(mean(x^2) + rms_eps), split + Sinkhorn + weighted sum: two launches
+per site). ``"auto"`` = ours (SGLang's pieces stay selectable and are tested against the same reference).
+Every program works on one token's row: results do not depend on the rest of the batch.
 """
 
 from __future__ import annotations
@@ -45,6 +46,12 @@ def hc_mix(R: torch.Tensor, fn: torch.Tensor, rms_eps: float, backend: str = "ou
     return (xf @ fn.t()) * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + rms_eps)
 
 
+def _raw_mix(R: torch.Tensor, fn: torch.Tensor) -> torch.Tensor:
+    """x @ fn^T [T, rows] fp32 (the tail kernel applies the row's RMS factor)."""
+    T, n, H = R.shape
+    return R.reshape(T, n * H).float() @ fn.t()
+
+
 def hc_pre(
     R: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, *, hc_eps: float, iters: int,
     rms_eps: float, backend: str = "auto",
@@ -63,7 +70,8 @@ def hc_pre(
         pre, post, C = _hc_split_sinkhorn_triton(m[None], scale, base, n, iters, hc_eps)
         y = mhc_combine(R.reshape(T, n * H).contiguous(), pre[0].contiguous(), n, torch.float32)
         return y, post[0], C[0]
-    m = hc_mix(R, fn, rms_eps)
+    check(fn.dtype == torch.float32, "fn: fp32")
+    m = _raw_mix(R, fn)
     y = torch.empty(T, H, dtype=torch.float32, device=R.device)
     pre = torch.empty(T, n, dtype=torch.float32, device=R.device)
     post = torch.empty(T, n, dtype=torch.float32, device=R.device)
@@ -71,8 +79,8 @@ def hc_pre(
     if T:
         hc_pre_tail_kernel[(T,)](
             m, m.stride(0), base, scale, R, R.stride(0), R.stride(1), H, pre, post, C, y, y.stride(0), float(hc_eps),
-            N=n, NP=triton.next_power_of_2(n), ITERS=iters, BLOCK=min(1024, triton.next_power_of_2(H)), HEAD=False,
-            num_warps=4,
+            float(rms_eps), N=n, NP=triton.next_power_of_2(n), ITERS=iters, BLOCK=min(1024, triton.next_power_of_2(H)),
+            HEAD=False, RMS=True, num_warps=4,
         )  # fmt: skip
     return y, post, C
 
@@ -111,12 +119,15 @@ def hc_head(
         fn.shape == (n, n * H) and base.shape == (n,) and scale.numel() >= 1,
         "hc_head params: fn [n, nH], base [n]",
     )
-    m = hc_mix(R, fn, rms_eps, "sglang" if backend == "sglang" else "ours")
+    check(fn.dtype == torch.float32 and base.dtype == torch.float32 and scale.dtype == torch.float32,
+          "hc_head params: fp32")  # fmt: skip
+    fused = backend != "sglang"
+    m = _raw_mix(R, fn) if fused else hc_mix(R, fn, rms_eps, "sglang")
     y = torch.empty(T, H, dtype=torch.float32, device=R.device)
     if T:
         hc_pre_tail_kernel[(T,)](
             m, m.stride(0), base, scale, R, R.stride(0), R.stride(1), H, y, y, y, y, y.stride(0), float(hc_eps),
-            N=n, NP=triton.next_power_of_2(n), ITERS=1, BLOCK=min(1024, triton.next_power_of_2(H)), HEAD=True,
-            num_warps=4,
+            float(rms_eps), N=n, NP=triton.next_power_of_2(n), ITERS=1, BLOCK=min(1024, triton.next_power_of_2(H)),
+            HEAD=True, RMS=fused, num_warps=4,
         )  # fmt: skip
     return y

@@ -7,10 +7,12 @@
 | `SGLANG_ERNIE55_ALLOW_PARSERS` | `0` | `1` lets `--reasoning-parser` / `--tool-call-parser` through on the Base model |
 | `SGLANG_ERNIE55_ECHO_DUMP_DIR` | unset | tests only: the ECHO draft dumps its inputs / logits there (tests/echo) |
 | `SGLANG_ERNIE55_ATTN_IMPL` | `auto` | compute of the `ernie55` backend: `auto` (FlashMLA where its geometry fits and it imports, else the Triton kernels on CUDA, the torch twin on CPU), `torch`, `triton`, `flashmla` (forced; an error names the layer kind and why when it cannot serve) |
+| `SGLANG_ERNIE55_LAYER_IMPL` | `auto` | compute of the model's per-layer work outside attention (mHC sites and hc_head, MoE routing, fp32 RMSNorms, RoPE; `sglang_ernie55.layers.impl`): `auto` (the Triton kernels on CUDA tensors, torch on CPU tensors), `torch` (the reference math everywhere), `triton` (forced: CUDA, or Triton's CPU interpreter under `TRITON_INTERPRET=1`; an error otherwise). Decided per call from the tensor's device |
 """
 
 from __future__ import annotations
 
+import functools
 import os
 
 
@@ -45,4 +47,20 @@ def attn_impl() -> str:
     v = os.environ.get("SGLANG_ERNIE55_ATTN_IMPL", "auto").strip().lower() or "auto"
     if v not in ATTN_IMPLS:
         raise ValueError(f"SGLANG_ERNIE55_ATTN_IMPL={v!r}: legal values are {', '.join(ATTN_IMPLS)}")
+    return v
+
+
+LAYER_IMPLS = ("auto", "torch", "triton")
+
+
+def layer_impl() -> str:
+    """`SGLANG_ERNIE55_LAYER_IMPL`: one of LAYER_IMPLS (default `auto`); see sglang_ernie55.layers.impl."""
+    return _layer_impl(os.environ.get("SGLANG_ERNIE55_LAYER_IMPL", "auto"))
+
+
+@functools.lru_cache(maxsize=8)
+def _layer_impl(raw: str) -> str:
+    v = raw.strip().lower() or "auto"
+    if v not in LAYER_IMPLS:
+        raise ValueError(f"SGLANG_ERNIE55_LAYER_IMPL={raw!r}: legal values are {', '.join(LAYER_IMPLS)}")
     return v

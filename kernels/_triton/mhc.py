@@ -10,22 +10,35 @@ import triton.language as tl
 @triton.jit
 def hc_pre_tail_kernel(
     m_ptr, m_stride, base_ptr, scale_ptr, r_ptr, r_stride_t, r_stride_n, H,
-    pre_ptr, post_ptr, c_ptr, y_ptr, y_stride, hc_eps,
+    pre_ptr, post_ptr, c_ptr, y_ptr, y_stride, hc_eps, rms_eps,
     N: tl.constexpr, NP: tl.constexpr, ITERS: tl.constexpr, BLOCK: tl.constexpr, HEAD: tl.constexpr,
+    RMS: tl.constexpr,
 ):  # fmt: skip
-    """One program per token. m row = [pre N | post N | comb N*N] (HEAD: [pre N] only)."""
+    """One program per token. m row = [pre N | post N | comb N*N] (HEAD: [pre N] only). RMS: m holds the
+    raw mix x @ fn^T and the program scales it by rsqrt(mean(x^2) + rms_eps) over its own row of R."""
     t = tl.program_id(0).to(tl.int64)
     i = tl.arange(0, NP)
     im = i < N
+    if RMS:
+        ss = tl.zeros([NP], tl.float32)
+        for h0 in range(0, H, BLOCK):
+            h = h0 + tl.arange(0, BLOCK)
+            r = tl.load(r_ptr + t * r_stride_t + i[:, None] * r_stride_n + h[None, :],
+                        mask=im[:, None] & (h < H)[None, :], other=0.0).to(tl.float32)  # fmt: skip
+            ss += tl.sum(r * r, 1)
+        rr = tl.rsqrt(tl.sum(ss, 0) / (N * H) + rms_eps)
+    else:
+        rr = 1.0
     s0 = tl.load(scale_ptr)
     pre = tl.sigmoid(
-        tl.load(m_ptr + t * m_stride + i, mask=im, other=0.0) * s0 + tl.load(base_ptr + i, mask=im, other=0.0)
+        tl.load(m_ptr + t * m_stride + i, mask=im, other=0.0) * rr * s0
+        + tl.load(base_ptr + i, mask=im, other=0.0)
     )
     pre = tl.where(im, pre + hc_eps, 0.0)
     if not HEAD:
         s1 = tl.load(scale_ptr + 1)
         s2 = tl.load(scale_ptr + 2)
-        post = 2.0 * tl.sigmoid(tl.load(m_ptr + t * m_stride + N + i, mask=im, other=0.0) * s1
+        post = 2.0 * tl.sigmoid(tl.load(m_ptr + t * m_stride + N + i, mask=im, other=0.0) * rr * s1
                                 + tl.load(base_ptr + N + i, mask=im, other=0.0))  # fmt: skip
         tl.store(pre_ptr + t * N + i, pre, mask=im)
         tl.store(post_ptr + t * N + i, post, mask=im)
@@ -33,7 +46,7 @@ def hc_pre_tail_kernel(
         kk = i[None, :]
         mm = (jj < N) & (kk < N)
         off = 2 * N + jj * N + kk
-        c = tl.load(m_ptr + t * m_stride + off, mask=mm, other=0.0) * s2 + tl.load(
+        c = tl.load(m_ptr + t * m_stride + off, mask=mm, other=0.0) * rr * s2 + tl.load(
             base_ptr + off, mask=mm, other=0.0
         )
         c = tl.where(mm, c, float("-inf"))

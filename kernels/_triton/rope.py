@@ -1,4 +1,4 @@
-"""Triton body of kernels/rope.py: interleaved RoPE (or its inverse) on the last dims, in place."""
+"""Triton body of kernels/rope.py: RoPE (or its inverse) on a slice of the last dim, in place."""
 
 from __future__ import annotations
 
@@ -9,20 +9,32 @@ import triton.language as tl
 @triton.jit
 def rope_inplace_kernel(
     x_ptr, x_stride_t, x_stride_h, H, pos_ptr, cos_ptr, sin_ptr, cs_stride,
-    D: tl.constexpr, ROPE: tl.constexpr, BH: tl.constexpr, SIGN: tl.constexpr,
+    START: tl.constexpr, ROPE: tl.constexpr, BH: tl.constexpr, SIGN: tl.constexpr, NEOX: tl.constexpr,
+    TOKEN_ROWS: tl.constexpr,
 ):  # fmt: skip
+    """Grid (token, head block). The slice x[t, h, START : START + ROPE] rotates: pairs (2i, 2i+1)
+    (interleaved) or (i, i + ROPE/2) (NEOX, rotate-half). Table row: positions[t], or t (TOKEN_ROWS)."""
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1) * BH + tl.arange(0, BH)
     hm = h < H
     HALF: tl.constexpr = ROPE // 2
     i = tl.arange(0, HALF)
-    p = tl.load(pos_ptr + t).to(tl.int64)
+    if TOKEN_ROWS:
+        p = t
+    else:
+        p = tl.load(pos_ptr + t).to(tl.int64)
     c = tl.load(cos_ptr + p * cs_stride + i)
     s = tl.load(sin_ptr + p * cs_stride + i) * SIGN
-    base = x_ptr + t * x_stride_t + h[:, None] * x_stride_h + (D - ROPE) + 2 * i[None, :]
-    x0 = tl.load(base, mask=hm[:, None]).to(tl.float32)
-    x1 = tl.load(base + 1, mask=hm[:, None]).to(tl.float32)
+    row = x_ptr + t * x_stride_t + h[:, None] * x_stride_h + START
+    if NEOX:
+        p0 = row + i[None, :]
+        p1 = p0 + HALF
+    else:
+        p0 = row + 2 * i[None, :]
+        p1 = p0 + 1
+    x0 = tl.load(p0, mask=hm[:, None]).to(tl.float32)
+    x1 = tl.load(p1, mask=hm[:, None]).to(tl.float32)
     y0 = x0 * c[None, :] - x1 * s[None, :]
     y1 = x0 * s[None, :] + x1 * c[None, :]
-    tl.store(base, y0.to(x_ptr.dtype.element_ty), mask=hm[:, None])
-    tl.store(base + 1, y1.to(x_ptr.dtype.element_ty), mask=hm[:, None])
+    tl.store(p0, y0.to(x_ptr.dtype.element_ty), mask=hm[:, None])
+    tl.store(p1, y1.to(x_ptr.dtype.element_ty), mask=hm[:, None])

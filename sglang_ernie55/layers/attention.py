@@ -13,9 +13,17 @@ in the `ernie55` backend (`sglang_ernie55.attention`), which the layer reaches t
 
 Heads (and HCA output groups with them) are sharded over the attention TP group; the indexer is
 replicated, as in SGLang's DeepSeek-V3.2.
+
+Per-layer compute outside the backend (SGLANG_ERNIE55_LAYER_IMPL, `layers.impl`): the fp32 RMSNorms and
+RoPE run on the Triton kernels (`kernels.norm`, `kernels.rope`, in place, cos / sin rows computed once
+per forward in `RopePositions` and shared by every layer) or on the reference's torch math. The grouped
+`wo_a` and the absorbed `kv_b_proj` contractions run in the weight's own dtype (fp32 accumulation; no
+per-step fp32 copy of the weight): bit-identical for fp32 weights, bf16 operand rounding for bf16 ones.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 import torch.nn.functional as F
@@ -26,7 +34,14 @@ from sglang.srt.runtime_context import get_parallel
 from torch import nn
 
 from ..reference import functional as Fn
-from ..reference.rope import apply_rope_half, apply_rope_interleaved, mla_softmax_scale, yarn_inv_freq
+from ..reference.rope import (
+    apply_rope_half,
+    apply_rope_interleaved,
+    cos_sin,
+    mla_softmax_scale,
+    yarn_inv_freq,
+)
+from .impl import use_kernels
 from .linear import linear_quant_config
 
 
@@ -47,9 +62,30 @@ def _sharded_loader(dim: int):
     return load
 
 
-def norm_fp32(norm: RMSNorm, x: torch.Tensor) -> torch.Tensor:
-    """SGLang RMSNorm computed in fp32 on an fp32 (or any) input; returns fp32 (the reference's math)."""
-    return norm.forward_native(x.float())
+def norm_fp32(norm: RMSNorm, x: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """SGLang RMSNorm computed in fp32 on an fp32 (or any) input (the reference's math); returns fp32, or
+    `out_dtype` (one rounding of the fp32 result). Kernels: `kernels.norm.rms_norm` (one launch)."""
+    return rms_norm_fp32(x, norm.weight, norm.variance_epsilon, out_dtype, norm)
+
+
+def rms_norm_fp32(x: torch.Tensor, weight, eps: float, out_dtype: torch.dtype | None = None, norm=None):
+    """fp32 RMSNorm of the last dim (weight None: weightless); see norm_fp32."""
+    if use_kernels(x):
+        from ..kernels.norm import rms_norm
+
+        return rms_norm(x, weight, eps, out_dtype)
+    y = norm.forward_native(x.float()) if norm is not None else Fn.rms_norm(x, weight, eps)
+    return y if out_dtype is None else y.to(out_dtype)
+
+
+@dataclasses.dataclass
+class RopePositions:
+    """One forward's positions [T], with the cos / sin rows [T, rope / 2] (fp32) of those positions when the
+    kernels rotate (computed once per forward, shared by every layer; fixed shapes, graph-safe)."""
+
+    positions: torch.Tensor
+    cos: torch.Tensor | None = None
+    sin: torch.Tensor | None = None
 
 
 class RopeTable(nn.Module):
@@ -59,12 +95,53 @@ class RopeTable(nn.Module):
         super().__init__()
         inv = yarn_inv_freq(config.qk_rope_head_dim, config.rope_theta, config.rope_scaling)
         self.register_buffer("inv_freq", inv, persistent=False)
+        self.rope_dim = config.qk_rope_head_dim
+
+    def at(self, positions) -> RopePositions:
+        """The forward's `RopePositions` (a `RopePositions` passes through). On the kernels the cos / sin rows
+        are the reference's own `cos_sin(positions, inv_freq)` values (float64 angles), computed here once."""
+        if isinstance(positions, RopePositions):
+            return positions
+        if use_kernels(positions):
+            c, s = cos_sin(positions, self.inv_freq)
+            return RopePositions(positions, c.contiguous(), s.contiguous())
+        return RopePositions(positions)
 
     def interleaved(self, x: torch.Tensor, pos: torch.Tensor, inverse: bool = False) -> torch.Tensor:
         return apply_rope_interleaved(x, pos, self.inv_freq, inverse=inverse)
 
     def half(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         return apply_rope_half(x, pos, self.inv_freq)
+
+    def tail_(self, x: torch.Tensor, rp: RopePositions, inverse: bool = False) -> torch.Tensor:
+        """Interleaved RoPE on the last rope_dim dims of x [T, h, D] or [T, D]. Kernels: in place on x (which
+        must be a tensor the caller owns, last dim contiguous), returns x; torch: returns a new tensor."""
+        if rp.cos is not None and x.stride(-1) == 1:
+            from ..kernels.rope import rope_
+
+            rope_(x if x.dim() == 3 else x.unsqueeze(1), None, rp.cos, rp.sin, inverse)
+            return x
+        r = self.rope_dim
+        return torch.cat([x[..., :-r], self.interleaved(x[..., -r:], rp.positions, inverse)], dim=-1)
+
+    def rotated_tail(self, x: torch.Tensor, rp: RopePositions) -> torch.Tensor:
+        """The last rope_dim dims of x, rotated (interleaved). Kernels: rotated in place inside x (a tensor the
+        caller owns) and returned as a view of it; torch: a new tensor (x untouched)."""
+        r = self.rope_dim
+        if rp.cos is not None and x.stride(-1) == 1:
+            return self.tail_(x, rp)[..., -r:]
+        return self.interleaved(x[..., -r:], rp.positions)
+
+    def head_half_(self, x: torch.Tensor, rp: RopePositions) -> torch.Tensor:
+        """Rotate-half RoPE on the first rope_dim dims of x [T, h, D] or [T, D] (the indexer); in place on the
+        kernels, like `tail_`."""
+        if rp.cos is not None and x.stride(-1) == 1:
+            from ..kernels.rope import rope_
+
+            rope_(x if x.dim() == 3 else x.unsqueeze(1), None, rp.cos, rp.sin, neox=True, start=0)
+            return x
+        r = self.rope_dim
+        return torch.cat([self.half(x[..., :r], rp.positions), x[..., r:]], dim=-1)
 
 
 class Compressor(nn.Module):
@@ -99,7 +176,7 @@ class Compressor(nn.Module):
         Per channel softmax over the block of (score + ape[offset]), weighted sum of the values,
         RMSNorm, RoPE (interleaved) on the last dims at position ratio * block_idx."""
         c, s = rows[..., : self.D], rows[..., self.D :]
-        w = torch.softmax(s + self.ape[None].float(), dim=1)
+        w = torch.softmax(s + self.ape, dim=1)  # ape: fp32 [ratio, D] parameter
         e = Fn.rms_norm((w * c).sum(1), self.norm.weight, self.eps)
         r = self.rope_dim
         return torch.cat([e[:, :-r], self._rope[0].interleaved(e[:, -r:], block_idx * self.ratio)], dim=-1)
@@ -138,22 +215,24 @@ class Ernie55HCAAttention(nn.Module):
                                    prefix=p("attn"))  # fmt: skip
         self._rope = [rope]
 
-    def _rope_tail(self, x: torch.Tensor, pos: torch.Tensor, inverse: bool = False) -> torch.Tensor:
-        r = self.r
-        return torch.cat([x[..., :-r], self._rope[0].interleaved(x[..., -r:], pos, inverse)], dim=-1)
-
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, forward_batch) -> torch.Tensor:
-        T = x.shape[0]
-        q = self.wq_b(norm_fp32(self.q_norm, self.wq_a(x)[0]).to(x.dtype))[0].view(T, self.h, self.D).float()
-        q = self._rope_tail(Fn.rms_norm(q, None, self.eps), positions)
-        kv = self._rope_tail(norm_fp32(self.kv_norm, self.wkv(x)[0]), positions)
+    def forward(self, x: torch.Tensor, positions, forward_batch) -> torch.Tensor:
+        """positions: [T] or the forward's `RopePositions`."""
+        T, rope = x.shape[0], self._rope[0]
+        rp = rope.at(positions)
+        q = self.wq_b(norm_fp32(self.q_norm, self.wq_a(x)[0], x.dtype))[0].view(T, self.h, self.D)
+        q = rope.tail_(rms_norm_fp32(q, None, self.eps), rp)  # weightless per-head norm (fp32, a new tensor)
+        kv = rope.tail_(norm_fp32(self.kv_norm, self.wkv(x)[0]), rp)
         cs = self.compressor.project(x)
         o = self.attn(q, kv, kv, forward_batch, ernie_kind="hca", cs=cs, compressor=self.compressor,
                       attn_sink=self.attn_sink)  # fmt: skip
-        o = self._rope_tail(o.view(T, self.h, self.D).float(), positions, inverse=True)
-        og = o.reshape(T, self.G, -1)
+        o = o.view(T, self.h, self.D)
+        o = rope.tail_(
+            o if o.dtype == torch.float32 else o.float(), rp, inverse=True
+        )  # o: the backend's fresh output
+        og = o.reshape(T, self.G, self.h // self.G * self.D)  # explicit sizes: T = 0 works
         wa = self.wo_a.weight.view(self.G, self.o_lora, og.shape[-1])
-        z = torch.einsum("tgk,grk->tgr", og, wa.float()).reshape(T, -1)
+        # in the weight's dtype, fp32 accumulation (no fp32 copy of wo_a per step); fp32 weights: unchanged
+        z = torch.einsum("tgk,grk->tgr", og.to(wa.dtype), wa).reshape(T, self.G * self.o_lora)
         return self.wo_b(z.to(x.dtype))[0]
 
 
@@ -191,21 +270,24 @@ class Ernie55MLADSAAttention(nn.Module):
                                    v_head_dim=self.r, prefix=p("attn"))  # fmt: skip
         self._rope = [rope]
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, forward_batch) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, positions, forward_batch) -> torch.Tensor:
+        """positions: [T] or the forward's `RopePositions`."""
         T, rope = x.shape[0], self._rope[0]
-        q_lat = norm_fp32(self.q_a_layernorm, self.q_a_proj(x)[0]).to(x.dtype)
+        rp = rope.at(positions)
+        q_lat = norm_fp32(self.q_a_layernorm, self.q_a_proj(x)[0], x.dtype)
         q = self.q_b_proj(q_lat)[0].view(T, self.h, self.dn + self.dr).float()
-        q_pe = rope.interleaved(q[..., self.dn :], positions)
         kv_a = self.kv_a_proj_with_mqa(x)[0].float()
         latent = norm_fp32(self.kv_a_layernorm, kv_a[:, : self.r])
-        k_pe = rope.interleaved(kv_a[:, self.r :], positions)
-        w = self.kv_b_proj.weight.view(self.h, self.dn + self.dv, self.r).float()
-        q_abs = torch.einsum("thd,hdr->thr", q[..., : self.dn], w[:, : self.dn])
-        iq, iw, ik = self.indexer(x, q_lat, positions, rope)
-        o_lat = self.attn(torch.cat([q_abs, q_pe], -1), torch.cat([latent, k_pe], -1), latent.contiguous(),
-                          forward_batch, ernie_kind="mla", index_q=iq, index_w=iw, index_k=ik)  # fmt: skip
-        o = torch.einsum("thr,hdr->thd", o_lat.view(T, self.h, self.r).float(), w[:, self.dn :])
-        return self.o_proj(o.reshape(T, -1).to(x.dtype))[0]
+        q_pe = rope.rotated_tail(q, rp)  # kernels: rotated inside q (q_nope untouched)
+        k_pe = rope.rotated_tail(kv_a, rp)  # after the latent's norm read kv_a[:, :r]
+        # absorbed W_uk / W_uv in the weight's dtype, fp32 accumulation (no per-step fp32 copy of kv_b_proj)
+        w = self.kv_b_proj.weight.view(self.h, self.dn + self.dv, self.r)
+        q_abs = torch.einsum("thd,hdr->thr", q[..., : self.dn].to(w.dtype), w[:, : self.dn])
+        iq, iw, ik = self.indexer(x, q_lat, rp, rope)
+        o_lat = self.attn(torch.cat([q_abs, q_pe], -1), torch.cat([latent, k_pe], -1), latent, forward_batch,
+                          ernie_kind="mla", index_q=iq, index_w=iw, index_k=ik)  # fmt: skip
+        o = torch.einsum("thr,hdr->thd", o_lat.view(T, self.h, self.r).to(w.dtype), w[:, self.dn :])
+        return self.o_proj(o.reshape(T, self.h * self.dv).to(x.dtype))[0]
 
 
 class Indexer(nn.Module):
@@ -220,18 +302,20 @@ class Indexer(nn.Module):
         self.wq_b = ReplicatedLinear(ql, self.n * self.d, bias=False, quant_config=lq(ql, self.n * self.d),
                                      prefix=p("wq_b"))  # fmt: skip
         self.wk = ReplicatedLinear(H, self.d, bias=False, quant_config=lq(H, self.d), prefix=p("wk"))
-        self.k_norm = nn.LayerNorm(self.d, eps=config.rms_norm_eps)
+        # fp32 parameters (loaded exactly from BF16 / FP32 checkpoints): the fp32 LayerNorm needs no per-step cast
+        self.k_norm = nn.LayerNorm(self.d, eps=config.rms_norm_eps, dtype=torch.float32)
         self.weights_proj = ReplicatedLinear(
             H, self.n, bias=False, quant_config=None, prefix=p("weights_proj")
         )
 
-    def forward(self, x: torch.Tensor, q_lat: torch.Tensor, positions: torch.Tensor, rope: RopeTable):
-        """-> qI [T, n, d], w [T, n] (scaled by n^-0.5 d^-0.5), kI [T, d]; fp32, RoPE (rotate-half) on the first dims."""
-        T, dr = x.shape[0], self.dr
-        q = self.wq_b(q_lat)[0].view(T, self.n, self.d).float()
+    def forward(self, x: torch.Tensor, q_lat: torch.Tensor, positions, rope: RopeTable):
+        """-> qI [T, n, d], w [T, n] (scaled by n^-0.5 d^-0.5), kI [T, d]; fp32, RoPE (rotate-half) on the first dims.
+        positions: [T] or the forward's `RopePositions`."""
+        T = x.shape[0]
+        rp = rope.at(positions)
+        q = rope.head_half_(self.wq_b(q_lat)[0].view(T, self.n, self.d).float(), rp)
         k = F.layer_norm(self.wk(x)[0].float(), (self.d,), self.k_norm.weight.float(), self.k_norm.bias.float(),
                          self.k_norm.eps)  # fmt: skip
-        q = torch.cat([rope.half(q[..., :dr], positions), q[..., dr:]], -1)
-        k = torch.cat([rope.half(k[..., :dr], positions), k[..., dr:]], -1)
+        k = rope.head_half_(k, rp)
         w = self.weights_proj(x)[0].float() * (self.n**-0.5 * self.d**-0.5)
         return q, w, k

@@ -1,8 +1,11 @@
-"""mHC residual streams for the SGLang model: parameters named as the checkpoint, fp32 torch math.
+"""mHC residual streams for the SGLang model: parameters named as the checkpoint, fp32 math.
 
-The math is the reference's (`sglang_ernie55.reference.mhc`), called on fp32 streams; every op has a
-static shape, so it records into decode CUDA graphs. SGLang's own mHC kernels need TileLang or
-DeepGEMM, which the lent runtime lacks; helper-4's Triton mHC replaces these calls when it lands.
+Two computes, chosen per call by `layers.impl.use_kernels` (SGLANG_ERNIE55_LAYER_IMPL):
+- the Triton kernels (`sglang_ernie55.kernels.mhc`; CUDA by default): per site one fp32 GEMM for the mix
+  and one fused kernel (row RMS, split, Sinkhorn, weighted stream sum), one kernel for hc_post;
+- the reference's torch math (`sglang_ernie55.reference.mhc`; CPU, and the oracle), ~160 small ops per
+  site (the 20-iteration Sinkhorn).
+Both have static shapes (decode CUDA graphs capture them) and work per token (batch-invariant).
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ import torch
 from torch import nn
 
 from ..reference import mhc as ref
+from .impl import use_kernels
 
 
 class HyperConnection(nn.Module):
@@ -25,13 +29,25 @@ class HyperConnection(nn.Module):
         self.hc_eps, self.iters, self.rms_eps = hc_eps, iters, rms_eps
 
     def pre(self, R: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """R [T, n, H] fp32 -> y [T, H] fp32 (before the site's RMSNorm), post [T, n], C [T, n, n]."""
+        """R [T, n, H] fp32 -> y [T, H] fp32 (before the site's RMSNorm), post [T, n], C [T, n, n] (fp32,
+        contiguous)."""
+        if use_kernels(R):
+            from ..kernels import mhc as K
+
+            return K.hc_pre(_streams(R), self.fn, self.base, self.scale, hc_eps=self.hc_eps, iters=self.iters,
+                            rms_eps=self.rms_eps)  # fmt: skip
         return ref.hc_pre(R, self.fn, self.base, self.scale, hc_eps=self.hc_eps, iters=self.iters,
                           rms_eps=self.rms_eps)  # fmt: skip
 
     @staticmethod
     def post(f: torch.Tensor, R: torch.Tensor, post: torch.Tensor, C: torch.Tensor) -> torch.Tensor:
         """R'[i] = post[i] * f + sum_j C[j, i] R[j] (fp32)."""
+        if use_kernels(R):
+            from ..kernels import mhc as K
+
+            if f.stride(-1) != 1:
+                f = f.contiguous()
+            return K.hc_post(f, _streams(R), post.float().contiguous(), C.float().contiguous())
         return ref.hc_post(f, R, post, C)
 
 
@@ -46,4 +62,17 @@ class HyperHead(nn.Module):
         self.hc_eps, self.rms_eps = hc_eps, rms_eps
 
     def forward(self, R: torch.Tensor) -> torch.Tensor:
+        if use_kernels(R):
+            from ..kernels import mhc as K
+
+            return K.hc_head(
+                _streams(R), self.fn, self.base, self.scale, hc_eps=self.hc_eps, rms_eps=self.rms_eps
+            )
         return ref.hc_head(R, self.fn, self.base, self.scale, hc_eps=self.hc_eps, rms_eps=self.rms_eps)
+
+
+def _streams(R: torch.Tensor) -> torch.Tensor:
+    """The kernels' operand: fp32 [T, n, H] with a contiguous last dim (the model's streams already are)."""
+    if R.dtype != torch.float32:
+        R = R.float()
+    return R if R.stride(-1) == 1 else R.contiguous()

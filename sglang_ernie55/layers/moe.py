@@ -5,6 +5,12 @@ the lower expert id); w = s[ids] / (sum + 1e-20) * routed_scaling_factor; routed
 the `moe_latent_size` latent through SGLang's `FusedMoE` (Triton runner); the shared expert runs
 at full width. Routing is ours (no in-tree `TopK` mode matches), handed to FusedMoE as a
 `StandardTopKOutput`.
+
+Routing compute (SGLANG_ERNIE55_LAYER_IMPL, `layers.impl`): on the kernels, one fp32 GEMM against the
+routers concatenated once into an fp32 [R*E, H] matrix (`router_matrix`; the routers' parameters become
+views of it, so a later in-place weight update reaches it) and `kernels.router.multi_router_topk` (sigmoid,
+mean, bias, top-k with the reference's tie rule, normalisation, scaling: one program per token); on torch,
+the reference's math (a stable sort of all E experts).
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from sglang.srt.layers.moe.topk import StandardTopKOutput
 from sglang.srt.runtime_context import get_parallel
 from torch import nn
 
+from .impl import use_kernels
 from .linear import FP8_BLOCK, linear_quant_config
 
 
@@ -53,6 +60,10 @@ class Ernie55LatentMoE(nn.Module):
             for r in range(config.num_routers)
         )
         self.e_score_correction_bias = nn.Parameter(torch.empty(E, dtype=torch.float32), requires_grad=False)
+        self._router_cat: torch.Tensor | None = (
+            None  # router_matrix(): not a buffer (the routers are its views)
+        )
+        self._router_ptrs: list = []
         lq = lambda i, o: linear_quant_config(quant_config, i, o)  # noqa: E731
         self.latent_down = ReplicatedLinear(
             H, L, bias=False, quant_config=lq(H, L), prefix=_p("latent_down", prefix)
@@ -74,8 +85,40 @@ class Ernie55LatentMoE(nn.Module):
             else None
         )
 
+    def router_matrix(self) -> torch.Tensor:
+        """The routers as one fp32 [R*E, H] matrix, built once (after weight loading, or at the first kernel
+        call) and rebuilt only if a router's storage was replaced (e.g. `model.to(device)`): router r's
+        `weight` is then a view of rows r*E .. r*E+E-1, so the matrix and the parameters are one tensor
+        (in-place weight updates reach both; no second copy of the routers is kept)."""
+        ws = [r.weight for r in self.routers]
+        if self._router_ptrs != [(w.data_ptr(), w.dtype, w.device) for w in ws]:
+            cat = torch.cat([w.detach().float() for w in ws]).contiguous()
+            E = ws[0].shape[0]
+            for i, w in enumerate(ws):
+                w.data = cat[i * E : (i + 1) * E]
+            self._router_cat = cat
+            self._router_ptrs = [(w.data_ptr(), w.dtype, w.device) for w in ws]
+        return self._router_cat
+
+    def prepare_after_load(self) -> None:
+        """Post-load step (`Ernie5_5_MoeForCausalLM.load_weights`): build the router matrix now where the
+        kernels will route, so that no forward (or CUDA-graph capture) does it."""
+        if use_kernels(self.routers[0].weight):
+            self.router_matrix()
+
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """-> (weights [T, k] fp32, ids [T, k] int32, mean scores [T, E] fp32); the reference rule."""
+        """-> (weights [T, k] fp32, ids [T, k] int32, router logits); the reference rule. The third tensor is
+        what `StandardTopKOutput.router_logits` carries: FusedMoE's Triton runner (ours) reads only the ids and
+        weights (SGLang 0.5.23: `fused_experts` unpacks `topk_weights, topk_ids, _`; the piecewise-graph /
+        DP-gather paths pass it through unread), so each compute hands what it has at no cost: the kernels'
+        raw logits [T, R*E], the torch path's mean scores [T, E]."""
+        if use_kernels(x):
+            from ..kernels.router import multi_router_topk, router_logits
+
+            logits = router_logits(x, self.router_matrix())
+            w, ids = multi_router_topk(logits, len(self.routers), self.e_score_correction_bias, self.topk,
+                                       self.norm_topk_prob, self.scaling)  # fmt: skip
+            return w, ids, logits
         xf = x.float()
         s = torch.stack([torch.sigmoid(F.linear(xf, r.weight.float())) for r in self.routers]).mean(0)
         idx = torch.sort(s + self.e_score_correction_bias, dim=-1, descending=True, stable=True).indices[

@@ -20,6 +20,7 @@ from torch import nn
 from ..checkpoint.fp8 import dequantize_fp8_block
 from ..configuration import LAYER_HCA, Ernie55Config
 from ..layers.attention import Ernie55HCAAttention, Ernie55MLADSAAttention, RopeTable, norm_fp32
+from ..layers.impl import check_layer_impl
 from ..layers.mhc import HyperConnection, HyperHead
 from ..layers.moe import Ernie55LatentMoE, Ernie55SwiGLU
 
@@ -36,6 +37,7 @@ class Ernie55DecoderLayer(nn.Module):
         n, H = config.hc_mult, config.hidden_size
         hc = dict(hc_eps=config.hc_eps, iters=config.hc_sinkhorn_iters, rms_eps=config.rms_norm_eps)
         self.kind = config.layer_types[layer_id]
+        self.rope = [rope]  # not a submodule: the table is owned by the model
         self.attn_hc = HyperConnection(n, H, **hc)
         self.ffn_hc = HyperConnection(n, H, **hc)
         self.input_layernorm = RMSNorm(H, eps=config.rms_norm_eps)
@@ -47,21 +49,22 @@ class Ernie55DecoderLayer(nn.Module):
         else:
             self.mlp = Ernie55SwiGLU(H, config.intermediate_size, quant_config, f"{prefix}.mlp")
 
-    def forward(
-        self, positions: torch.Tensor, R: torch.Tensor, forward_batch, dtype: torch.dtype
-    ) -> torch.Tensor:
-        """R [T, n, H] fp32 streams -> R' (fp32)."""
+    def forward(self, positions, R: torch.Tensor, forward_batch, dtype: torch.dtype) -> torch.Tensor:
+        """R [T, n, H] fp32 streams -> R' (fp32). positions: [T], or the forward's `RopePositions` (the model
+        builds it once for all layers; the ECHO draft passes the raw positions of its one layer)."""
+        positions = self.rope[0].at(positions)
         y, post, C = self.attn_hc.pre(R)
-        a = self.self_attn(norm_fp32(self.input_layernorm, y).to(dtype), positions, forward_batch)
+        a = self.self_attn(norm_fp32(self.input_layernorm, y, dtype), positions, forward_batch)
         R = self.attn_hc.post(a, R, post, C)
         y, post, C = self.ffn_hc.pre(R)
-        f = self.mlp(norm_fp32(self.post_attention_layernorm, y).to(dtype))
+        f = self.mlp(norm_fp32(self.post_attention_layernorm, y, dtype))
         return self.ffn_hc.post(f, R, post, C)
 
 
 class Ernie55Model(nn.Module):
     def __init__(self, config: Ernie55Config, quant_config=None, prefix: str = "model"):
         super().__init__()
+        check_layer_impl()  # a bad SGLANG_ERNIE55_LAYER_IMPL fails when the model is built
         self.config = config
         self.n = config.hc_mult
         self.embed_tokens = VocabParallelEmbedding(
@@ -82,9 +85,10 @@ class Ernie55Model(nn.Module):
         h = self.embed_tokens(input_ids) if input_embeds is None else input_embeds
         dtype = h.dtype
         R = h.float()[:, None, :].expand(-1, self.n, -1).contiguous()
+        rp = self.rope.at(positions)  # cos / sin of this forward's positions, once for every layer
         for layer in self.layers:
-            R = layer(positions, R, forward_batch, dtype)
-        hidden = norm_fp32(self.norm, self.hc_head(R)).to(dtype)
+            R = layer(rp, R, forward_batch, dtype)
+        hidden = norm_fp32(self.norm, self.hc_head(R), dtype)
         return hidden, R
 
 
@@ -235,7 +239,16 @@ class Ernie5_5_MoeForCausalLM(nn.Module):
             raise Ernie55WeightError(
                 f"ERNIE-5.5 checkpoint does not match the model ({len(errors)} problems):\n  {head}{more}"
             )
+        self.prepare_after_load()
         return set(params)
+
+    def prepare_after_load(self) -> None:
+        """One-time layouts the per-layer kernels read (the MoE's fp32 router matrix), built once after the
+        weights are in place, so that no forward or CUDA-graph capture builds them; each is also rebuilt
+        lazily if its weights' storage changes."""
+        for m in self.modules():
+            if m is not self and hasattr(m, "prepare_after_load"):
+                m.prepare_after_load()
 
 
 EntryClass = [Ernie5_5_MoeForCausalLM]

@@ -178,9 +178,9 @@ class Ernie5_5MoeMTPModel(nn.Module):
         e = self.echo
         emb = self.embed_tokens(input_ids) if input_embeds is None else input_embeds
         dtype, T = emb.dtype, emb.shape[0]
-        x = e.e_proj(norm_fp32(e.enorm, emb).to(dtype))[0].float()
+        x = e.e_proj(norm_fp32(e.enorm, emb, dtype))[0].float()
         h = streams.reshape(T * self.n, self.H)
-        y = e.h_proj(norm_fp32(e.hnorm, h).to(dtype))[0].float().view(T, self.n, self.H)
+        y = e.h_proj(norm_fp32(e.hnorm, h, dtype))[0].float().view(T, self.n, self.H)
         return x[:, None, :] + y
 
     def hidden(
@@ -190,7 +190,7 @@ class Ernie5_5MoeMTPModel(nn.Module):
         dtype = self.embed_tokens.weight.dtype
         R = self.echo_inputs(input_ids, forward_batch.spec_info.hidden_states, input_embeds)
         R = self.decoder_layer(positions, R, forward_batch, dtype)
-        return norm_fp32(self.echo.norm, self.hc_head(R)).to(dtype), R
+        return norm_fp32(self.echo.norm, self.hc_head(R), dtype), R
 
     @torch.no_grad()
     def forward(

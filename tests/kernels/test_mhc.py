@@ -56,3 +56,31 @@ def test_mhc_tiny(backend):
 @pytest.mark.parametrize("T", [1, 19, 1000])
 def test_mhc_full(backend, T):
     _check(T, 4, 4096, torch.bfloat16, backend)
+
+
+@pytest.mark.parametrize("T", [0, 1, 19, 130])
+def test_mhc_tiny_token_counts(T):
+    """The token counts of serving (T = 0: an empty batch of a rank / a draft step): shapes, values."""
+    _check(T, 4, 64, torch.float32, "ours")
+
+
+def test_mhc_rows_are_independent():
+    """A token's result does not depend on the rest of the batch: hc_post bit for bit; hc_pre's fused RMS
+    and tail are per token, its mix GEMM (cuBLAS / MKL: batch-invariant under SGLang's deterministic mode,
+    not in general) may round differently for another row count, hence 1e-6."""
+    torch.manual_seed(1)
+    n, H = 4, 64
+    R = torch.randn(19, n, H, device=DEV)
+    fn, base, scale = _params(n, H, (2 + n) * n)
+    f = torch.randn(19, H, device=DEV)
+    kw = dict(hc_eps=1e-6, iters=20, rms_eps=1e-6)
+    y, post, C = K.hc_pre(R, fn, base, scale, **kw)
+    out = K.hc_post(f, R, post, C)
+    for t in (0, 7, 18):
+        y1, p1, C1 = K.hc_pre(R[t : t + 1].clone(), fn, base, scale, **kw)
+        torch.testing.assert_close(y1[0], y[t], atol=1e-6, rtol=1e-6)
+        torch.testing.assert_close(C1[0], C[t], atol=1e-6, rtol=1e-6)
+        o1 = K.hc_post(
+            f[t : t + 1].clone(), R[t : t + 1].clone(), post[t : t + 1].clone(), C[t : t + 1].clone()
+        )
+        assert torch.equal(o1[0], out[t])

@@ -17,3 +17,38 @@ def test_rope_inplace(inverse):
     y = rope_(x.clone(), pos, c, s, inverse=inverse)
     assert (y.float().cpu() - ref).abs().max() <= 2e-2 * ref.abs().max()
     assert torch.equal(y[..., :448], x[..., :448])
+
+
+@pytest.mark.parametrize("T", [0, 1, 3, 19, 130])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rope_modes_of_the_layers(T, dtype):
+    """The layers' forms: per-token cos / sin rows (positions=None), interleaved on the last dims (HCA q / kv,
+    inverse on the output, MLA q_pe / k_pe) and rotate-half on the first dims (the indexer), in place; the
+    rest of the row untouched."""
+    g = torch.Generator().manual_seed(T)
+    inv = rope.yarn_inv_freq(64, 160000.0, None)
+    pos = torch.randint(0, 1 << 16, (T,), generator=g)
+    c, s = rope.cos_sin(pos, inv)
+    x = torch.randn(T, 16, 192, generator=g).to(dtype)
+    for kw, sl, fn in (
+        (dict(), slice(128, 192), lambda v: rope.apply_rope_interleaved(v, pos, inv)),
+        (
+            dict(inverse=True),
+            slice(128, 192),
+            lambda v: rope.apply_rope_interleaved(v, pos, inv, inverse=True),
+        ),
+        (dict(neox=True, start=0), slice(0, 64), lambda v: rope.apply_rope_half(v, pos, inv)),
+    ):
+        want = x.clone()
+        want[..., sl] = fn(x[..., sl].float()).to(dtype)
+        got = rope_(x.clone().to(DEV), None, c.to(DEV), s.to(DEV), **kw).cpu()
+        tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
+        torch.testing.assert_close(got.float(), want.float(), **tol)
+        keep = torch.ones(192, dtype=torch.bool)
+        keep[sl] = False
+        assert torch.equal(got[..., keep], x[..., keep])
+    # table rows indexed by positions == per-token rows
+    tc, ts = rope.cos_sin(torch.arange(1 << 16), inv)
+    a = rope_(x.clone().to(DEV), pos.to(DEV), tc.to(DEV), ts.to(DEV), neox=True, start=0)
+    b = rope_(x.clone().to(DEV), None, c.to(DEV), s.to(DEV), neox=True, start=0)
+    assert torch.equal(a, b)

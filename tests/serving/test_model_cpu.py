@@ -314,3 +314,19 @@ def test_prefix_hit_on_swa_evicted_prefix_equals_miss(cfg, ref, model_fp32):
     again = torch.cat([s.extend([1], [d[:60]]), s.decode([1], [int(d[60])]), s.extend([1], [d[61:]])])
     torch.testing.assert_close(again, ref.forward(d).logits, atol=1e-4, rtol=1e-4)
     _live_window_mapping_ok(s)
+
+
+@pytest.mark.slow
+def test_model_with_layers_on_kernels_equals_reference():
+    """The tiny model end to end with SGLANG_ERNIE55_LAYER_IMPL=triton (mHC, routing, norms, RoPE on the
+    Triton kernels, in Triton's CPU interpreter: a subprocess, tests/serving/layer_impl_check.py) and the
+    backend's torch twin over an fp32 pool: chunked prefill crossing the compression block, 3 decode steps.
+    Logits = the torch layers' and the reference's to 1e-4 (fp32; measured 5e-6), same greedy token at
+    every position."""
+    from test_layer_impl_cpu import run_check
+
+    rep = run_check("model", "cpu")
+    print(rep)
+    for name in ("triton_vs_torch", "triton_vs_reference"):
+        assert rep[name]["max_logit_diff"] <= 1e-4, rep
+        assert rep[name]["top1_equal"] == rep["positions"], rep

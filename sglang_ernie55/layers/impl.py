@@ -1,0 +1,50 @@
+"""Which compute runs the model's per-layer work outside attention (`SGLANG_ERNIE55_LAYER_IMPL`).
+
+| value | mHC sites + hc_head, MoE routing, fp32 RMSNorms, RoPE run on |
+| --- | --- |
+| `auto` (default) | the Triton kernels (`sglang_ernie55.kernels`: `mhc`, `router`, `norm`, `rope`) for CUDA tensors, the torch math (the reference's) for CPU tensors |
+| `torch` | the torch math everywhere (the CPU path and the oracle) |
+| `triton` | the Triton kernels (CUDA tensors, or any tensor under `TRITON_INTERPRET=1`, Triton's CPU interpreter); a CPU tensor without the interpreter raises `ValueError` |
+
+The choice is made per call from the tensor's device (a host-side check: no sync, nothing recorded into a
+CUDA graph), so a CPU server keeps the torch path and the same model object runs the kernels once on CUDA.
+Every kernel is row-wise (one token's result never depends on the other tokens of the batch) and has
+fixed-shape outputs, so decode stays CUDA-graph capturable and batch-invariant.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..envs import layer_impl
+
+TORCH, TRITON = "torch", "triton"
+
+
+def _interpreting() -> bool:
+    from ..kernels._pool import interpreting
+
+    return interpreting()
+
+
+def check_layer_impl() -> str:
+    """Validate SGLANG_ERNIE55_LAYER_IMPL now (the model calls it when it is built, so that a bad value
+    fails at start-up, not at the first forward). Returns the value."""
+    return layer_impl()
+
+
+def use_kernels(t: torch.Tensor) -> bool:
+    """Whether this call runs on the Triton kernels (see the module table)."""
+    v = layer_impl()
+    if v == TORCH:
+        return False
+    if t.is_cuda:
+        return True
+    if v == TRITON:
+        if _interpreting():
+            return True
+        raise ValueError(
+            f"SGLANG_ERNIE55_LAYER_IMPL=triton: a tensor on {t.device} and no Triton interpreter (the kernels run "
+            "on CUDA, or on CPU under TRITON_INTERPRET=1). Legal values: auto, torch, triton (auto picks torch on CPU)"
+        )
+    return False

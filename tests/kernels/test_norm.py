@@ -1,0 +1,60 @@
+"""fp32 RMSNorm kernel vs functional.rms_norm: widths of the model (tiny and full), weighted and weightless,
+strided rows (a column slice), every output dtype, zero rows; rows are independent (batch invariance)."""
+
+import pytest
+import torch
+from kutil import DEV
+from sglang_ernie55.kernels.norm import rms_norm
+
+from sglang_ernie55.reference import functional as F
+
+
+def _check(M, N, dtype, out_dtype, weighted, strided=False, scale=3.0):
+    g = torch.Generator().manual_seed(M * 1000 + N)
+    x = (torch.randn(M, N + 64 if strided else N, generator=g) * scale).to(dtype)
+    x = x[:, :N] if strided else x  # rows at stride N + 64 (the kv_a[:, :r] case)
+    w = (1 + 0.1 * torch.randn(N, generator=g)).to(torch.bfloat16) if weighted else None
+    want = F.rms_norm(x, w, 1e-6)
+    if out_dtype is not None:
+        want = want.to(out_dtype)
+    xd = x.to(DEV)
+    got = rms_norm(xd, None if w is None else w.to(DEV), 1e-6, out_dtype)
+    assert got.dtype == (out_dtype or torch.float32) and got.shape == (M, N) and got.is_contiguous()
+    if out_dtype in (None, torch.float32):
+        torch.testing.assert_close(got.cpu(), want, atol=2e-6, rtol=2e-6)
+    else:  # one rounding of the fp32 result: at most one bf16 ulp apart where the fp32 values straddle a tie
+        torch.testing.assert_close(got.cpu().float(), want.float(), atol=0, rtol=2**-7)
+    return xd, w, got
+
+
+@pytest.mark.parametrize("M", [0, 1, 3, 19, 130])
+@pytest.mark.parametrize("weighted", [True, False])
+def test_rms_norm_tiny(M, weighted):
+    _check(M, 256, torch.float32, None, weighted)
+    _check(M, 192, torch.bfloat16, torch.bfloat16, weighted)  # q_lora of the tiny config: not a power of two
+    _check(M, 128, torch.float32, torch.float32, weighted, strided=True)
+    _check(M, 64, torch.float32, None, weighted, scale=1e-3)  # mean(x^2) ~ eps: eps must be where it belongs
+
+
+def test_rms_norm_rows_are_independent():
+    """A row's output is bit-identical whatever the other rows of the call are (batch invariance)."""
+    x, w, full = _check(130, 256, torch.float32, torch.bfloat16, True)
+    for t in (0, 17, 129):
+        one = rms_norm(x[t : t + 1].clone(), w.to(DEV), 1e-6, torch.bfloat16)
+        assert torch.equal(one[0], full[t])
+
+
+def test_rms_norm_3d_heads():
+    """[T, h, D] rows (the weightless per-head q norm)."""
+    x = torch.randn(5, 16, 128, device=DEV)
+    got = rms_norm(x, None, 1e-6)
+    torch.testing.assert_close(got.cpu(), F.rms_norm(x.cpu(), None, 1e-6), atol=2e-6, rtol=2e-6)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M", [1, 97, 4096])
+@pytest.mark.parametrize("N", [512, 1024, 4096])
+def test_rms_norm_full(M, N):
+    _check(M, N, torch.bfloat16, torch.bfloat16, True)
+    _check(M, N, torch.float32, None, True)
+    _check(M, N, torch.float32, torch.float32, False, strided=True)

@@ -1,0 +1,89 @@
+"""SGLANG_ERNIE55_LAYER_IMPL: the model's per-layer compute outside attention (mHC sites + hc_head, MoE
+routing, fp32 RMSNorms, RoPE) on the Triton kernels vs the torch math, and the variable's errors.
+
+The kernel comparisons run in Triton's CPU interpreter in a subprocess (layer_impl_check.py: TRITON_INTERPRET
+must be set before Triton decorates the kernels), tiny config, fp32 weights, fresh random inputs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+import twin_harness as th  # noqa: E402
+
+CHECK = Path(__file__).with_name("layer_impl_check.py")
+VAR = "SGLANG_ERNIE55_LAYER_IMPL"
+
+
+def run_check(*args: str) -> dict:
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    for k in (
+        VAR,
+        "SGLANG_ERNIE55_ATTN_IMPL",
+        "MASTER_PORT",
+        "MASTER_ADDR",
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+    ):
+        env.pop(k, None)
+    r = subprocess.run(
+        [sys.executable, str(CHECK), *args], env=env, capture_output=True, text=True, timeout=1200
+    )
+    assert r.returncode == 0, r.stderr[-4000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def test_layer_impl_values(monkeypatch):
+    from sglang_ernie55.envs import layer_impl
+    from sglang_ernie55.layers.impl import use_kernels
+
+    monkeypatch.delenv(VAR, raising=False)
+    assert layer_impl() == "auto"
+    assert not use_kernels(torch.zeros(1))  # auto: torch on CPU tensors
+    monkeypatch.setenv(VAR, " Torch ")
+    assert layer_impl() == "torch" and not use_kernels(torch.zeros(1))
+    monkeypatch.setenv(VAR, "triton")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert use_kernels(torch.zeros(1))  # forced, under the interpreter
+    monkeypatch.delenv("TRITON_INTERPRET")
+    with pytest.raises(ValueError, match=f"{VAR}=triton: a tensor on cpu and no Triton interpreter"):
+        use_kernels(torch.zeros(1))
+
+
+@pytest.mark.parametrize("bad", ["cuda", "kernels", "1"])
+def test_layer_impl_bad_value_is_refused(monkeypatch, bad):
+    """A bad value raises ValueError naming the variable and the legal values: at the first use and when
+    the model is built (a server fails at start-up, not at its first forward)."""
+    from sglang_ernie55.configuration import tiny_config
+    from sglang_ernie55.envs import layer_impl
+    from sglang_ernie55.layers.impl import use_kernels
+
+    monkeypatch.setenv(VAR, bad)
+    msg = f"{VAR}='{bad}': legal values are auto, torch, triton"
+    with pytest.raises(ValueError, match=msg):
+        layer_impl()
+    with pytest.raises(ValueError, match=msg):
+        use_kernels(torch.zeros(1))
+    with pytest.raises(ValueError, match=msg):
+        th.build_model(tiny_config(), dtype=torch.float32)
+
+
+@pytest.mark.slow
+def test_layers_on_kernels_equal_torch():
+    """Each decoder layer kind (dense + HCA, MLA-DSA + MoE, HCA + MoE) with a recording attention stub, T in
+    {0, 1, 3, 19, 130}, fresh random streams / positions: the layer output R' and every tensor handed to the
+    attention (q, k, v, cs, indexer qI / w / kI), and hc_head, within 1e-5 of their scale (fp32; measured
+    worst 7.5e-7); MoE routes: ids exactly equal (random inputs, and routers with exact three-way ties where
+    the top-k boundary cuts a tie: the lowest ids are taken), weights to 1e-5."""
+    rep = run_check("pieces", "cpu")
+    assert len(rep["layers"]) == 5 * (6 + 7 + 6 + 1)
+    assert rep["route"]["ties_rows_cut"] > 0
+    print(json.dumps({"worst_rel": rep["worst_rel"], "route": rep["route"]}))
