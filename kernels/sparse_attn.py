@@ -31,7 +31,11 @@ import torch
 import triton
 
 from ._pool import check, check_pool, dot_dtype, pool_args, pool_views
-from ._triton.sparse_attn import sparse_attn_combine_kernel, sparse_attn_split_dc_kernel, sparse_attn_split_kernel
+from ._triton.sparse_attn import (
+    sparse_attn_combine_kernel,
+    sparse_attn_split_dc_kernel,
+    sparse_attn_split_kernel,
+)
 from .layout import Geometry, KVLayout
 
 LN2 = math.log(2.0)
