@@ -50,8 +50,11 @@ def check_draft_dumps(path, dump, cfg, device: str, prompts, min_requests: int) 
                 off += L
                 continue
             ids = d["input_ids"][off : off + L].to(device)
-            # draft entry i holds token i+1: the prompt shifted by one, the first generated token last
-            match = [p for p in prompts if len(p) == L and p[1:] == ids[:-1].tolist()]
+            # draft entry i holds token i+1: the prompt shifted by one, the first generated token last. A
+            # 1-token extend carries no prompt token to match on (any 1-token request, e.g. SGLang's own health
+            # check, would match the 1-token prompt: the H200 run of 2026-12-03 compared such a request's streams
+            # with BOS's, cosine -0.07): skipped
+            match = [p for p in prompts if L >= 2 and len(p) == L and p[1:] == ids[:-1].tolist()]
             if not match:
                 off += L
                 continue

@@ -163,8 +163,9 @@ def _serve(name, path, prompts, cfg, *flags, dump_dir: str | None = None, env: d
 def _baseline(path, prompts, cfg):
     if "base" not in Runs.cache:
         b = Runs.cache["base"] = _serve("echo-random-base", path, prompts, cfg)
+        b["score"] = _score(path, prompts, b["outs"])
         record(checkpoint="random", steps=0, speed=b["speed"], startup_s=round(b["startup_s"], 1),
-               cuda_graph=" cuda graph: True" in b["log"])  # fmt: skip
+               cuda_graph=" cuda graph: True" in b["log"], score=b["score"].summary())  # fmt: skip
     return Runs.cache["base"]
 
 
@@ -227,7 +228,13 @@ def test_echo_server(kind, steps, extend_graph, ckpts, prompts, cfg, tmp_path):
         assert graphs["sglang_capture_lines"] == 0 and not graphs["replayed"], graphs
     # 1. the reference's greedy tokens (and, on random weights, the no-ECHO server's)
     assert s.near_top1 == s.positions, (s.summary(), s.mismatches)
-    assert s.max_lp_err <= 0.02, s.summary()
+    # logprobs: within 0.05 (the serving suite's fp32-activation bound), or within twice the no-ECHO server's own
+    # error on the same prompts when that is larger: a 1-ulp DSA top-k tie of the oracle flips with the batch's
+    # GEMM shapes and moves a logprob by O(0.1) on either server (H200, 2026-12-03: 0.11 at random steps 2, top-1
+    # 672/672). Bit-exact equality with the no-ECHO server is asserted under --enable-deterministic-inference
+    # (tests/serving/test_deterministic_gpu.py), where batch shapes no longer change the rounding.
+    assert s.max_lp_err <= max(0.05, 2 * base["score"].max_lp_err), (s.summary(), base["score"].summary())
+    assert s.mean_lp_err <= 0.005, s.summary()
     if kind == "random":
         strict = sum(a["tokens"] == b["tokens"] for a, b in zip(base["outs"], run["outs"]))
         assert strict == len(prompts) or s.top1 < s.positions, f"ECHO steps={steps} changed greedy outputs: {diffs}"

@@ -388,3 +388,38 @@ class fp8_activation_reference:
 
         M.lin, M.SwiGLU.forward = self._saved
         return False
+
+
+@torch.no_grad()
+def fp8_noise_floor(ref, cfg, prompts, outs, device) -> dict:
+    """How far the FP8 oracle moves under the server's own activation rounding: the oracle (fp8 KV codec,
+    FP8 activation quantisation, bf16 queries) against the same oracle whose FP8-served Linear inputs are first
+    rounded to fp16 (what `--dtype float16` does to them before SGLang quantises them), teacher-forced over the
+    server's sequences. FP8 quantisation steps are 6% apart, so a rounding-level change of an input moves some
+    codes by a whole step, and the random tiny model amplifies that: this is the agreement an exact server
+    could reach against the fp32 oracle. Returns top1 (fraction of positions where both argmaxes agree),
+    first_token (same, position 0 only) and mean_lp (mean |logprob difference| of the server's tokens)."""
+    global fp8_act_quant
+
+    def tops():
+        out = []
+        with kv_rounded_reference("fp8_e4m3", cfg, queries=True), fp8_activation_reference(ref, cfg):
+            for p, o in zip(prompts, outs):
+                toks = o["tokens"]
+                lg = ref.forward(torch.tensor(p + toks, device=device)).logits[len(p) - 1 : len(p) - 1 + len(toks)]
+                out.append(torch.log_softmax(lg.float(), -1))
+        return out
+
+    base = tops()
+    exact = fp8_act_quant
+    fp8_act_quant = lambda x: exact(x.half().float())  # noqa: E731
+    try:
+        pert = tops()
+    finally:
+        fp8_act_quant = exact
+    agree = torch.cat([(a.argmax(-1) == b.argmax(-1)) for a, b in zip(base, pert)]).float()
+    first = sum(int(a[0].argmax() == b[0].argmax()) for a, b in zip(base, pert)) / len(base)
+    lp = torch.cat([(a - b).gather(1, torch.tensor(o["tokens"], device=device)[:, None])[:, 0].abs()
+                    for a, b, o in zip(base, pert, outs)])  # fmt: skip
+    return {"top1": float(agree.mean()), "first_token": first, "mean_lp": float(lp.mean())}
+

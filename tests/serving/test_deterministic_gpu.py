@@ -38,8 +38,10 @@ pytestmark = [pytest.mark.gpu]
 NEW_TOKENS = 32
 COMMON = ("--enable-deterministic-inference", "--context-length", "4096", "--max-running-requests", "16",
           "--chunked-prefill-size", "512", "--max-total-tokens", "131072", "--kv-cache-dtype", "bfloat16",
-          "--disable-prefill-cuda-graph", "--cuda-graph-max-bs-decode", "16",
+          "--disable-prefill-cuda-graph", "--cuda-graph-max-bs-decode", "16", "--decode-log-interval", "1",
           "--mem-fraction-static", sh.mem_fraction("0.4"))  # fmt: skip
+# --decode-log-interval 1: every decode batch logs "cuda graph: True/False" (the default, every 40 batches,
+# printed no line in a short run on the H200, 2026-12-03)
 SERVER_TIMEOUT_S = 300
 _runs: dict[str, dict] = {}
 
