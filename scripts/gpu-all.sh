@@ -6,6 +6,8 @@
 #   kernel_path              tests/serving/test_kernel_path_gpu.py (the backend's kernels vs its twin, full width)
 #   echo                     tests/echo/test_echo_gpu.py (ECHO through EAGLE, steps 1-3, CUDA graphs)
 #   kernels                  tests/kernels (every kernel vs the reference)
+#   layer_impl               tests/serving/test_layer_impl_gpu.py (the layers' mHC / routing / norm / RoPE
+#                            kernels vs torch, tiny + real widths, a captured decode graph with its timings)
 #   full_width               tests/serving/test_full_width_gpu.py (only with --full-width: its timings
 #                            would be taken beside the others; run it alone for numbers)
 # Carry [".gpu", ".peers"]. Logs under $OUT; a summary last.   bash scripts/gpu-all.sh [--full-width] [names...]
@@ -22,7 +24,7 @@ export SERVING_LOG_DIR="$out/serving"
 # several pytest processes score on the host at once: without a cap each takes every core (the 2026-12-02
 # run of all five at once timed out in the reference scoring)
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-3}"
-names=(group_bf16 group_fp8 kernel_path echo kernels)
+names=(group_bf16 group_fp8 kernel_path echo kernels layer_impl)
 if [ "${1:-}" = "--full-width" ]; then names+=(full_width); shift; fi
 [ $# -gt 0 ] && names=("$@")
 run() {  # name, mem fraction, pytest args...
@@ -40,6 +42,7 @@ for n in "${names[@]}"; do
     kernel_path) run kernel_path 0.1 tests/serving/test_kernel_path_gpu.py & ;;
     echo) run echo 0.1 tests/echo/test_echo_gpu.py & ;;
     kernels) run kernels 0.1 tests/kernels & ;;
+    layer_impl) run layer_impl 0.1 tests/serving/test_layer_impl_gpu.py & ;;
     *) echo "unknown suite $n"; exit 2 ;;
   esac
   pids+=($!); sleep 3
