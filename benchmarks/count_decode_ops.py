@@ -9,6 +9,8 @@ prefill of 140 tokens, then counts one batch-1 (or batch-B) decode step under a 
   `sync` (`_local_scalar_dense`: `.item()`, a host sync, which a CUDA-graph decode must not have);
 - Triton launches (each `kernel[grid](...)` call; under TRITON_INTERPRET=1 the interpreter's own torch
   calls are not counted);
+- `copy_bytes`: bytes written by dtype conversions, clones and concatenations (per-step weight casts show
+  up here);
 - all of it split by region: `model` (the model forward: embedding, every layer's projections, mHC, norms,
   RoPE, MoE routing, hc_head, final norm), `attention_backend` (`forward_decode`, inside `model` but counted
   apart), `experts` (see below), `harness` (batch building, backend metadata, the harness's lm_head).
@@ -49,8 +51,8 @@ class Counter(TorchDispatchMode):
         self.paused = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = f"{func.overloadpacket.__name__}.{func._overloadname}"
         if not self.paused:
-            name = f"{func.overloadpacket.__name__}.{func._overloadname}"
             if name == "_local_scalar_dense.default":
                 kind = "sync"
             elif func.is_view or name in ("detach.default", "alias.default", "lift_fresh.default"):
@@ -62,7 +64,10 @@ class Counter(TorchDispatchMode):
             self.counts[self.region][kind] += 1
             if kind == "launch":
                 self.ops[self.region][name] += 1
-        return func(*args, **(kwargs or {}))
+        out = func(*args, **(kwargs or {}))
+        if not self.paused and name in ("_to_copy.default", "clone.default", "cat.default"):
+            self.counts[self.region]["copy_bytes"] += out.numel() * out.element_size()
+        return out
 
 
 def main() -> None:

@@ -11,6 +11,8 @@
 #                            no-ECHO and ECHO halves as two processes (det_echo starts its own baseline server)
 #   draft_graph              tests/echo/test_draft_graph_gpu.py (the ECHO draft extend as a real CUDA graph)
 # Narrower selections: GROUP_BF16_K / GROUP_FP8_K (pytest -k of the two serving groups), ECHO_GPU_CASES (echo).
+#   layer_impl               tests/serving/test_layer_impl_gpu.py (the layers' mHC / routing / norm / RoPE
+#                            kernels vs torch, tiny + real widths, a captured decode graph with its timings)
 #   full_width               tests/serving/test_full_width_gpu.py (only with --full-width: its timings
 #                            would be taken beside the others; run it alone for numbers)
 # Carry [".gpu", ".peers"]. Logs under $OUT; a summary last.   bash scripts/gpu-all.sh [--full-width] [names...]
@@ -29,7 +31,7 @@ export SERVING_LOG_DIR="$out/serving"
 # several pytest processes score on the host at once: without a cap each takes every core (the 2026-12-02
 # run of all five at once timed out in the reference scoring)
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-3}"
-names=(group_bf16 group_fp8 kernel_path echo kernels)
+names=(group_bf16 group_fp8 kernel_path echo kernels layer_impl)
 if [ "${1:-}" = "--full-width" ]; then names+=(full_width); shift; fi
 [ $# -gt 0 ] && names=("$@")
 run() {  # name, mem fraction, pytest args...
@@ -51,6 +53,7 @@ for n in "${names[@]}"; do
     det_plain) run det_plain 0.1 tests/serving/test_deterministic_gpu.py -k "not echo" & ;;
     det_echo) run det_echo 0.1 tests/serving/test_deterministic_gpu.py -k echo & ;;
     draft_graph) run draft_graph 0.1 tests/echo/test_draft_graph_gpu.py & ;;
+    layer_impl) run layer_impl 0.1 tests/serving/test_layer_impl_gpu.py & ;;
     *) echo "unknown suite $n"; exit 2 ;;
   esac
   pids+=($!); sleep 3

@@ -14,9 +14,13 @@ fixed-shape outputs, so decode stays CUDA-graph capturable and batch-invariant.
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from ..envs import layer_impl
+
+logger = logging.getLogger(__name__)
 
 TORCH, TRITON = "torch", "triton"
 
@@ -27,10 +31,20 @@ def _interpreting() -> bool:
     return interpreting()
 
 
+_DESCRIBE = {
+    "auto": "the Triton kernels for CUDA tensors, torch for CPU tensors",
+    TORCH: "torch (the reference math)",
+    TRITON: "the Triton kernels (forced)",
+}
+
+
 def check_layer_impl() -> str:
     """Validate SGLANG_ERNIE55_LAYER_IMPL now (the model calls it when it is built, so that a bad value
-    fails at start-up, not at the first forward). Returns the value."""
-    return layer_impl()
+    fails at start-up, not at the first forward) and log the choice. Returns the value."""
+    v = layer_impl()
+    logger.info("ernie55 layer compute: SGLANG_ERNIE55_LAYER_IMPL=%s (mHC, MoE routing, norms, RoPE on %s)",
+                v, _DESCRIBE[v])  # fmt: skip
+    return v
 
 
 def use_kernels(t: torch.Tensor) -> bool:

@@ -1,9 +1,9 @@
 """The model's per-layer compute on the Triton kernels vs the torch math (SGLANG_ERNIE55_LAYER_IMPL), tiny
 config, fp32 weights.
 
-Run as a script (`python layer_impl_check.py {pieces,model} [DEVICE]`, prints one JSON line; the CPU tests
-run it with TRITON_INTERPRET=1 in a subprocess, so that the variable is set before Triton decorates the
-kernels) or import `run_pieces` / `run_model` (a GPU run).
+Run as a script (`python layer_impl_check.py {pieces,model,graph} [DEVICE [GEOMETRY]]`, prints one JSON line;
+the CPU tests run it with TRITON_INTERPRET=1 in a subprocess, so that the variable is set before Triton
+decorates the kernels) or import `run_pieces` / `run_model` / `run_graph` (the GPU tests).
 
 pieces: each decoder layer kind of the tiny model (0: dense FFN + HCA, 1: MLA-DSA + latent MoE, 2: HCA +
 latent MoE) run whole, with its attention replaced by a recording stub (the backend is not under test: the
@@ -13,9 +13,20 @@ indexer's qI / w / kI) with `triton` forced vs `torch`; hc_head; the MoE route (
 close) on random inputs and on routers built with exact ties (groups of three identical experts, so the
 top-k boundary always cuts a tie: the kernel must take the lowest id, as the reference's stable sort).
 
+GEOMETRY `full` (GPU): the same three layer kinds at the real widths (H 4096, 64 heads, HCA 512 in 8 groups,
+MLA 512+64, indexer 64x128, 512 experts top-10, latent 2048; a small expert width, vocab 512). There two fp32
+GEMM paths (one [T, R*E] router GEMM vs R of [T, E]) can round a score differently, so a token whose top-k
+boundary is a near-tie (gap < 1e-5 in the torch path's biased scores) may pick another expert: such tokens
+are counted, their R' rows excluded; every other id must be equal.
+
 model: the tiny SGLang model end to end (fp32 weights, dense fp32 pool, the backend's torch twin) with the
 layers on the kernels vs on torch and vs the reference model: a chunked prefill crossing the compression
 block, decode steps.
+
+graph (CUDA): the three layers of a decode step (batch 1 and 8, recording stub attention) captured in one CUDA
+graph per compute (torch / triton), replayed with new streams and positions copied into the static inputs:
+each replay = the eager forward of the same compute exactly, triton = torch to the pieces' tolerance; the
+median replay time of each (the layers' work outside attention, no launch overhead).
 """
 
 from __future__ import annotations
@@ -65,12 +76,23 @@ def _diff(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float]:
     return float((a.float() - b.float()).abs().max()), float(b.float().abs().max())
 
 
-def _model(device: str):
-    from sglang_ernie55.configuration import tiny_config
+def geometry_config(geometry: str):
+    from sglang_ernie55.configuration import Ernie55Config, tiny_config
+
+    if geometry == "tiny":
+        return tiny_config()
+    if geometry == "full":  # the real widths of every per-layer piece; small experts and vocab
+        return Ernie55Config(vocab_size=512, num_hidden_layers=3, layer_types=["hca", "mla_dsa", "hca"],
+                             first_k_dense_replace=1, intermediate_size=256, moe_intermediate_size=64,
+                             shared_expert_intermediate_size=256, bos_token_id=1, eos_token_id=2)  # fmt: skip
+    raise ValueError(geometry)
+
+
+def _model(device: str, geometry: str = "tiny"):
     from sglang_ernie55.reference.model import build_reference
 
     th.init_dist()
-    cfg = tiny_config()
+    cfg = geometry_config(geometry)
     ref = build_reference(cfg, seed=0)
     model = th.build_model(cfg, dtype=torch.float32)
     model.load_weights(ref.state_dict().items())
@@ -79,28 +101,62 @@ def _model(device: str):
     return cfg, ref, model
 
 
-def run_pieces(device: str = "cpu", tol: float = 1e-5) -> dict:
-    cfg, _, model = _model(device)
+class RecordRoute:
+    """Wraps a latent MoE's `route` to keep each call's (weights, ids) and the torch path's top-k gap."""
+
+    def __init__(self, moe):
+        self.moe, self.orig, self.last = moe, moe.route, None
+        moe.route = self
+
+    def __call__(self, x):
+        w, ids, extra = self.orig(x)
+        self.last = (ids.long(), x)
+        return w, ids, extra
+
+    def near_tie(self, x, k: int, eps: float = 1e-5) -> torch.Tensor:
+        """Tokens whose biased score at rank k and k+1 differ by < eps (the torch path's scores)."""
+        moe = self.moe
+        s = torch.stack([torch.sigmoid(x.float() @ r.weight.float().t()) for r in moe.routers]).mean(0)
+        v = torch.sort(s + moe.e_score_correction_bias, dim=-1, descending=True).values
+        return (v[:, k - 1] - v[:, k]).abs() < eps
+
+
+def run_pieces(device: str = "cpu", tol: float = 1e-5, geometry: str = "tiny") -> dict:
+    cfg, _, model = _model(device, geometry)
     n, H = cfg.hc_mult, cfg.hidden_size
     layers = model.model.layers
     for layer in layers[:3]:
         layer.self_attn.attn = StubAttention()
+    routes = {li: RecordRoute(layers[li].mlp) for li in range(3) if hasattr(layers[li].mlp, "route")}
     g = torch.Generator().manual_seed(7)
-    rep: dict = {"tol": tol, "layers": {}}
+    rep: dict = {"geometry": geometry, "tol": tol, "layers": {}, "near_tie_tokens": 0}
     worst = 0.0
     with torch.no_grad():
         for T in TS:
             R = torch.randn(T, n, H, generator=g).to(device)
             pos = torch.randint(0, 5000, (T,), generator=g).to(device)
             for li in range(3):
-                outs = {}
+                outs, ids = {}, {}
                 for impl in ("torch", "triton"):
                     _set(impl)
                     out = layers[li](pos, R.clone(), None, torch.float32)
                     outs[impl] = {"R'": out, **layers[li].self_attn.attn.seen}
+                    if li in routes:
+                        ids[impl] = routes[li].last
                 assert set(outs["torch"]) == set(outs["triton"])
+                keep = torch.ones(T, dtype=torch.bool, device=device)
+                if ids:
+                    differ = (ids["triton"][0] != ids["torch"][0]).any(-1)
+                    if differ.any():  # allowed only at a near-tie of the top-k boundary (see the module doc)
+                        tie = routes[li].near_tie(ids["torch"][1], cfg.num_experts_per_tok)
+                        assert bool((tie | ~differ).all()), (T, li, "ids differ away from a near-tie")
+                        rep["near_tie_tokens"] += int(differ.sum())
+                        keep = ~differ
                 for name in outs["torch"]:
-                    d, scale = _diff(outs["triton"][name], outs["torch"][name])
+                    a, b = outs["triton"][name], outs["torch"][name]
+                    if name == "R'":
+                        a, b = a[keep], b[keep]
+                    d, scale = _diff(a, b)
                     rep["layers"][f"T{T}/layer{li}/{name}"] = [d, scale]
                     assert d <= tol * max(scale, 1.0), (T, li, name, d, scale)
                     worst = max(worst, d / max(scale, 1.0))
@@ -111,7 +167,9 @@ def run_pieces(device: str = "cpu", tol: float = 1e-5) -> dict:
             d, scale = _diff(heads["triton"], heads["torch"])
             rep["layers"][f"T{T}/hc_head"] = [d, scale]
             assert d <= tol * max(scale, 1.0), (T, "hc_head", d, scale)
-        rep["route"] = _routes(cfg, layers[1].mlp, g, device)
+        for rr in routes.values():
+            rr.moe.route = rr.orig
+        rep["route"] = _routes(cfg, layers[1].mlp, g, device, exact=geometry == "tiny")
     rep["worst_rel"] = worst
     return rep
 
@@ -124,30 +182,43 @@ def _route_both(moe, x):
     return res
 
 
-def _routes(cfg, moe, g, device) -> dict:
-    """ids exactly equal, weights to fp32 rounding: random inputs, then routers with exact ties."""
+def _routes(cfg, moe, g, device, exact: bool = True) -> dict:
+    """ids exactly equal (`exact`; else except at near-ties, counted), weights to fp32 rounding: random
+    inputs, then routers with exact ties."""
     k, E = cfg.num_experts_per_tok, cfg.n_routed_experts
-    out = {}
+    out = {"near_tie_tokens": 0}
+    rec = RecordRoute.__new__(RecordRoute)
+    rec.moe = moe
     for T in TS:
         x = torch.randn(T, cfg.hidden_size, generator=g).to(device)
         r = _route_both(moe, x)
         assert r["triton"][1].dtype == torch.int32 and r["triton"][0].dtype == torch.float32
-        assert torch.equal(r["triton"][1], r["torch"][1]), T
-        torch.testing.assert_close(r["triton"][0], r["torch"][0], atol=1e-6, rtol=1e-5)
-        out[f"T{T}"] = _diff(r["triton"][0], r["torch"][0])[0]
-    # ties: experts 3j, 3j+1, 3j+2 identical in every router and in the bias
+        keep = torch.ones(T, dtype=torch.bool, device=device)
+        if not exact:
+            differ = (r["triton"][1] != r["torch"][1]).any(-1)
+            assert bool((rec.near_tie(x, k) | ~differ).all()), T
+            out["near_tie_tokens"] += int(differ.sum())
+            keep = ~differ
+        assert torch.equal(r["triton"][1][keep], r["torch"][1][keep]), T
+        torch.testing.assert_close(r["triton"][0][keep], r["torch"][0][keep], atol=1e-6, rtol=1e-5)
+        out[f"T{T}"] = _diff(r["triton"][0][keep], r["torch"][0][keep])[0]
+    groups = [list(range(j, min(j + 3, E))) for j in range(0, E, 3)]
+    # ties: experts 3j, 3j+1, 3j+2 identical in every router and in the bias. Router weights on a 1/64 grid and
+    # inputs in {-1, 0, 1} make every logit exact in fp32 whatever the GEMM's summation order (a blocked GEMM
+    # may round two identical columns differently otherwise), so the ties are exact in both computes.
     with torch.no_grad():
         for rt in moe.routers:
-            for j in range(0, E - 2, 3):
-                rt.weight[j + 1].copy_(rt.weight[j])
-                rt.weight[j + 2].copy_(rt.weight[j])
+            w = (rt.weight.float() * 64).round().clamp(-128, 128) / 64
+            for grp in groups:
+                w[grp] = w[grp[0]].clone()
+            rt.weight.copy_(w)
         b = moe.e_score_correction_bias
-        for j in range(0, E - 2, 3):
-            b[j + 1] = b[j + 2] = b[j]
-    x = torch.randn(130, cfg.hidden_size, generator=g).to(device)
+        b.copy_((b * 64).round() / 64)
+        for grp in groups:
+            b[grp] = b[grp[0]].clone()
+    x = torch.randint(-1, 2, (130, cfg.hidden_size), generator=g).float().to(device)
     r = _route_both(moe, x)
     logits = r["triton"][2]
-    groups = [list(range(j, min(j + 3, E))) for j in range(0, E, 3)]
     for grp in groups:  # the ties are exact in the kernels' own logits (else this checks nothing)
         for e in grp[1:]:
             assert torch.equal(logits[:, e], logits[:, grp[0]]) and torch.equal(
@@ -193,7 +264,98 @@ def run_model(device: str = "cpu") -> dict:
     return rep
 
 
+def dense_experts(model) -> None:
+    """A graph-capturable stand-in for FusedMoE (the harness's per-expert loop syncs on the ids): every
+    expert on every token, combined with the routing weights scattered into a dense [T, E] matrix."""
+    from sglang_ernie55.layers.moe import Ernie55LatentMoE
+
+    for mod in model.modules():
+        if not isinstance(mod, Ernie55LatentMoE):
+            continue
+        ex = mod.experts
+
+        def fwd(z, topk_output, ex=ex):
+            w13, w2 = ex.w13_weight.float(), ex.w2_weight.float()
+            inter = w2.shape[-1]
+            gu = torch.einsum("tl,eil->tei", z.float(), w13)
+            y = torch.einsum("tei,eoi->teo", torch.nn.functional.silu(gu[..., :inter]) * gu[..., inter:], w2)
+            dense = torch.zeros(z.shape[0], w13.shape[0], dtype=torch.float32, device=z.device)
+            dense.scatter_(1, topk_output.topk_ids.long(), topk_output.topk_weights.float())
+            return (dense[..., None] * y).sum(1).to(z.dtype)
+
+        ex.forward = fwd
+
+
+def run_graph(geometry: str = "full", batches=(1, 8), replays: int = 3) -> dict:
+    """CUDA: the decode step's three layers captured per compute, replayed = eager; triton vs torch; timings."""
+    cfg, _, model = _model("cuda", geometry)
+    dense_experts(model)
+    n, H = cfg.hc_mult, cfg.hidden_size
+    layers = model.model.layers
+    for layer in layers[:3]:
+        layer.self_attn.attn = StubAttention()
+    g = torch.Generator().manual_seed(11)
+
+    def step(pos, R):
+        for layer in layers[:3]:
+            R = layer(pos, R, None, torch.float32)
+        return R
+
+    rep: dict = {"geometry": geometry, "batches": {}}
+    with torch.no_grad():
+        for B in batches:
+            static_R = torch.randn(B, n, H, generator=g).cuda()
+            static_pos = torch.randint(0, 5000, (B,), generator=g).cuda()
+            graphs = {}
+            for impl in ("torch", "triton"):
+                _set(impl)
+                side = torch.cuda.Stream()
+                side.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(side):  # warm-up: Triton compiles, lazy one-time set-up
+                    for _ in range(2):
+                        step(static_pos, static_R)
+                torch.cuda.current_stream().wait_stream(side)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    out = step(static_pos, static_R)
+                graphs[impl] = (graph, out)
+            res: dict = {"replay_vs_eager": {}, "triton_vs_torch": []}
+            for _ in range(replays):
+                static_R.copy_(torch.randn(B, n, H, generator=g).cuda())
+                static_pos.copy_(torch.randint(0, 5000, (B,), generator=g).cuda())
+                got = {}
+                for impl, (graph, out) in graphs.items():
+                    graph.replay()
+                    got[impl] = out.clone()
+                    _set(impl)
+                    eager = step(static_pos, static_R.clone())
+                    d = float((got[impl] - eager).abs().max())
+                    res["replay_vs_eager"][impl] = max(res["replay_vs_eager"].get(impl, 0.0), d)
+                    assert d == 0.0, (B, impl, d)
+                d, scale = _diff(got["triton"], got["torch"])
+                res["triton_vs_torch"].append([d, scale])  # routing near-ties would show here (reported)
+            for impl, (graph, _) in graphs.items():
+                times = []
+                for _ in range(20):
+                    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    a.record()
+                    for _ in range(10):
+                        graph.replay()
+                    b.record()
+                    torch.cuda.synchronize()
+                    times.append(a.elapsed_time(b) / 10)
+                res[f"{impl}_ms_per_step_3_layers"] = sorted(times)[len(times) // 2]
+            rep["batches"][B] = res
+    return rep
+
+
 if __name__ == "__main__":
     mode = sys.argv[1]
     dev = sys.argv[2] if len(sys.argv) > 2 else "cpu"
-    print(json.dumps(run_pieces(dev) if mode == "pieces" else run_model(dev)))
+    geom = sys.argv[3] if len(sys.argv) > 3 else "tiny"
+    if mode == "pieces":
+        print(json.dumps(run_pieces(dev, 1e-5 if dev == "cpu" else 1e-4, geom)))
+    elif mode == "graph":
+        print(json.dumps(run_graph(geom)))
+    else:
+        print(json.dumps(run_model(dev)))

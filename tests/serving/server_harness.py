@@ -100,6 +100,12 @@ class Server:
         text = self.log_path.read_text(errors="replace")
         return {m[1]: m[2] for m in re.finditer(r"ernie55 attention backend: (\w+) layers run on (\w+)", text)}
 
+    def layer_impl(self) -> str | None:
+        """The model's logged SGLANG_ERNIE55_LAYER_IMPL (per-layer compute outside attention), None if absent."""
+        text = self.log_path.read_text(errors="replace")
+        m = re.search(r"ernie55 layer compute: SGLANG_ERNIE55_LAYER_IMPL=(\w+)", text)
+        return m[1] if m else None
+
     def tail(self, n: int = 60) -> str:
         try:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])

@@ -98,6 +98,7 @@ def test_full_width_fp8_baseline(tmp_path):
     assert impls == {"hca": want, "mla_dsa": want}, f"the backend ran {impls} (log {server.log_path})"
     res = {
         "attention": want,
+        "layer_impl": server.layer_impl(),  # SGLANG_ERNIE55_LAYER_IMPL as the model logged it (auto: kernels)
         "make_checkpoint_s": round(make_s, 1),
         "server_startup_s": round(server.startup_s, 1),
         "decode_tok_s_bs1": round((b1["tokens"] - 1) / (b1["total"] - b1["ttft"]), 2),
