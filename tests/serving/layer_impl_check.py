@@ -169,7 +169,8 @@ def run_pieces(device: str = "cpu", tol: float = 1e-5, geometry: str = "tiny") -
             assert d <= tol * max(scale, 1.0), (T, "hc_head", d, scale)
         for rr in routes.values():
             rr.moe.route = rr.orig
-        rep["route"] = _routes(cfg, layers[1].mlp, g, device, exact=geometry == "tiny")
+        # exact ids on the CPU's tiny run; on the GPU the two GEMM paths may round a near-tie differently
+        rep["route"] = _routes(cfg, layers[1].mlp, g, device, exact=device == "cpu" and geometry == "tiny")
     rep["worst_rel"] = worst
     return rep
 

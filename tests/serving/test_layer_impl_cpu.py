@@ -85,5 +85,6 @@ def test_layers_on_kernels_equal_torch():
     the top-k boundary cuts a tie: the lowest ids are taken), weights to 1e-5."""
     rep = run_check("pieces", "cpu")
     assert len(rep["layers"]) == 5 * (6 + 7 + 6 + 1)
+    assert rep["near_tie_tokens"] == 0  # every token of every layer routed to the same experts
     assert rep["route"]["ties_rows_cut"] > 0
     print(json.dumps({"worst_rel": rep["worst_rel"], "route": rep["route"]}))
