@@ -101,9 +101,13 @@ class Ernie55LatentMoE(nn.Module):
         return self._router_cat
 
     def prepare_after_load(self) -> None:
-        """Post-load step (`Ernie5_5_MoeForCausalLM.load_weights`): build the router matrix now where the
-        kernels will route, so that no forward (or CUDA-graph capture) does it."""
-        if use_kernels(self.routers[0].weight):
+        """Post-load step (`Ernie5_5_MoeForCausalLM.load_weights`): build the router matrix now unless the torch
+        path is forced, so that no forward (or CUDA-graph capture) does it where it is loaded. Not decided by
+        the weights' device: a model loaded on the CPU and moved to the GPU afterwards (the GPU layer suite,
+        2026-12-03) must not be refused here; `router_matrix()` rebuilds after such a move at its first call."""
+        from ..envs import layer_impl
+
+        if layer_impl() != "torch":
             self.router_matrix()
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -88,3 +88,32 @@ def test_layers_on_kernels_equal_torch():
     assert rep["near_tie_tokens"] == 0  # every token of every layer routed to the same experts
     assert rep["route"]["ties_rows_cut"] > 0
     print(json.dumps({"worst_rel": rep["worst_rel"], "route": rep["route"]}))
+
+
+def test_forced_kernels_load_on_cpu_then_move(monkeypatch):
+    """SGLANG_ERNIE55_LAYER_IMPL=triton without the interpreter: a model loaded on the CPU (and moved to the GPU
+    later, as tests/serving/test_layer_impl_gpu.py does) loads; the post-load router matrix is built, the
+    routers are its fp32 views, and the values are the checkpoint's (the H200 run of 2026-12-03 refused the
+    CPU load)."""
+    import torch
+
+    import layer_impl_check as lc
+
+    from sglang_ernie55.layers.moe import Ernie55LatentMoE
+    from sglang_ernie55.reference.model import build_reference
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setenv("SGLANG_ERNIE55_LAYER_IMPL", "triton")
+    cfg = lc.geometry_config("tiny")
+    ref = build_reference(cfg, seed=0)
+    model = th.build_model(cfg, dtype=torch.float32)
+    model.load_weights(ref.state_dict().items())
+    sd = ref.state_dict()
+    moes = [(n, m) for n, m in model.named_modules() if isinstance(m, Ernie55LatentMoE)]
+    assert moes
+    for name, m in moes:
+        cat = m._router_cat
+        assert cat is not None and cat.dtype == torch.float32
+        for r, lin in enumerate(m.routers):
+            assert lin.weight.data_ptr() == cat[r * cfg.n_routed_experts].data_ptr()
+            torch.testing.assert_close(lin.weight, sd[f"{name}.routers.{r}.weight"].float(), rtol=0, atol=0)
