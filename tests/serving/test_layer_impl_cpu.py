@@ -95,9 +95,8 @@ def test_forced_kernels_load_on_cpu_then_move(monkeypatch):
     later, as tests/serving/test_layer_impl_gpu.py does) loads; the post-load router matrix is built, the
     routers are its fp32 views, and the values are the checkpoint's (the H200 run of 2026-12-03 refused the
     CPU load)."""
-    import torch
-
     import layer_impl_check as lc
+    import torch
 
     from sglang_ernie55.layers.moe import Ernie55LatentMoE
     from sglang_ernie55.reference.model import build_reference
