@@ -384,7 +384,9 @@ def test_fp32_queries_run_ieee_fp32(kind):
 @pytest.mark.gpu
 @pytest.mark.parametrize("kv", ["fp8", "bf16"])
 def test_fp32_queries_full_width(kv):
-    """Full width on the GPU: fp32 queries give fp32-accurate attention (TF32 or bf16 operands would not)."""
+    """Full head width (512) on the GPU: fp32 queries give fp32-accurate attention (TF32 or bf16 operands would
+    not). 16 heads: the fp32 mode serves exactness runs at the tiny geometry; at 64 heads its [64, 512] fp32
+    tiles spill so heavily that this test did not finish inside the H200 suite's time (2026-12-03)."""
     torch.manual_seed(5)
     reqs = PagedRequests([1, 129, 3001])
     g, gc = L.hca_geometry(kv), L.hca_geometry(kv, page_size=L.HCA_CMP_PER_PAGE)
@@ -392,10 +394,10 @@ def test_fp32_queries_full_width(kv):
     cmp_pool, _ = filled_pool(gc, reqs.num_pages, 512)
     queries = [(r, s - 1) for r, s in enumerate(reqs.seq_lens)]
     (wi, wl), (ci, cl) = reqs.hca_indices(queries)
-    q = torch.randn(len(queries), 64, 512, device=DEV)
-    sink = torch.randn(64, device=DEV)
+    q = torch.randn(len(queries), 16, 512, device=DEV)
+    sink = torch.randn(16, device=DEV)
     o, _ = sparse_mqa_attention(q, Scope(win_pool, g, wi, wl), Scope(cmp_pool, gc, ci, cl), sm_scale=512**-0.5,
-                                d_v=512, sink=sink, out=torch.empty(len(queries), 64, 512, device=DEV))  # fmt: skip
+                                d_v=512, sink=sink, out=torch.empty(len(queries), 16, 512, device=DEV))  # fmt: skip
     ref = R.sparse_attention(q.cpu(), [(win_pool.cpu(), g, wi.cpu(), wl.cpu()), (cmp_pool.cpu(), gc, ci.cpu(), cl.cpu())],
                              sink.cpu(), 512**-0.5, 512)  # fmt: skip
     assert rel(o.cpu(), ref) < 1e-5, rel(o.cpu(), ref)
