@@ -13,6 +13,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "serving"))
 import server_harness as sh  # noqa: E402
+import twin_harness as th  # noqa: E402
 
 
 def generate(server, prompt: list[int], max_new: int) -> dict:
@@ -37,7 +38,7 @@ def check_draft_dumps(path, dump, cfg, device: str, prompts, min_requests: int) 
     `echo_forward` (cosine >= 0.9999 per row; top-1 agreement >= 99%). Returns the counts."""
     _, ref = sh.load_reference(path, device)
     n, H = cfg.hc_mult, cfg.hidden_size
-    checked, agree, rows = 0, 0, 0
+    checked, agree, rows, ill_posed = 0, 0, 0, 0
     for f in sorted(glob.glob(str(Path(dump) / "*.pt"))):
         d = torch.load(f)
         lens = d["extend_seq_lens"]
@@ -62,10 +63,16 @@ def check_draft_dumps(path, dump, cfg, device: str, prompts, min_requests: int) 
             prompt = torch.tensor(match[0], device=device)
             with sh.kv_rounded_reference():  # the pool's bf16 rounding (DSA top-k near-ties follow it)
                 want_streams = ref.forward(prompt).streams
-            cos_s = torch.nn.functional.cosine_similarity(s_in.flatten(1), want_streams.flatten(1), dim=-1)
-            assert cos_s.median() >= 0.9999 and cos_s.min() >= 0.99, (
-                f"target streams handed to the draft differ: median {cos_s.median()}, min {cos_s.min()}"
-            )
+                cos_s = torch.nn.functional.cosine_similarity(s_in.flatten(1), want_streams.flatten(1), dim=-1)
+                ok = bool(cos_s.median() >= 0.9999 and cos_s.min() >= 0.99)
+                if not ok and th.dsa_boundary_margin(ref, prompt) < th.DSA_MARGIN:
+                    # the oracle's own DSA top-k has a tie within 1e-5 at some position: it flips with the GEMM
+                    # shapes (the server's prefill vs the oracle's whole-prompt forward) and moves the rows after
+                    # it by O(1); such a prompt is not comparable and is counted, never a pass
+                    ill_posed += 1
+                    off += L
+                    continue
+            assert ok, f"target streams handed to the draft differ: median {cos_s.median()}, min {cos_s.min()}"
             want = ref.echo_forward(s_in, ids).logits
             got = d["hidden"][off : off + L].float().to(device) @ ref.lm_head.weight.float().t()
             cos = torch.nn.functional.cosine_similarity(got, want, dim=-1)
@@ -76,4 +83,4 @@ def check_draft_dumps(path, dump, cfg, device: str, prompts, min_requests: int) 
             off += L
     assert checked >= min_requests, f"only {checked} prefill draft-extends dumped"
     assert agree >= 0.99 * rows, (agree, rows)
-    return {"requests": checked, "rows": rows, "top1_agree": agree / rows}
+    return {"requests": checked, "rows": rows, "top1_agree": agree / rows, "skipped_dsa_near_tie": ill_posed}

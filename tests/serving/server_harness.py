@@ -397,7 +397,7 @@ class fp8_activation_reference:
 
 
 @torch.no_grad()
-def fp8_noise_floor(ref, cfg, prompts, outs, device) -> dict:
+def fp8_noise_floor(ref, cfg, prompts, outs, device, act_dtype: torch.dtype = torch.float16) -> dict:
     """How far the FP8 oracle moves under the server's own activation rounding: the oracle (fp8 KV codec,
     FP8 activation quantisation, bf16 queries) against the same oracle whose FP8-served Linear inputs are first
     rounded to fp16 (what `--dtype float16` does to them before SGLang quantises them), teacher-forced over the
@@ -418,7 +418,7 @@ def fp8_noise_floor(ref, cfg, prompts, outs, device) -> dict:
 
     base = tops()
     exact = fp8_act_quant
-    fp8_act_quant = lambda x: exact(x.half().float())  # noqa: E731
+    fp8_act_quant = lambda x: exact(x.to(act_dtype).float())  # noqa: E731
     try:
         pert = tops()
     finally:

@@ -31,7 +31,8 @@ here models) are reported against a loose bound only.
 | decode_cuda_graphs | same, decode graphs on | same; identity with the eager server reported |
 | bf16_weights_fp8_kv | BF16 / fp32 / fp8_e4m3 | first token = oracle top-1 up to 0.05 nats on every prompt; top-1 >= 95% of positions; mean logprob abs error <= 0.01 |
 | fp8_weights_fp8_kv | FP8 / fp16 / fp8_e4m3 | at the noise floor: top-1 >= the oracle's agreement with itself under fp16-rounded FP8 inputs minus 10 points, mean logprob error <= 1.5x its own + 0.02 (SGLang refuses fp32 activations for FP8 weights; fp16 is the least noisy dtype it takes, and each rounding can move an activation across an FP8 quantisation step: `server_harness.fp8_noise_floor`) |
-| fp8_production / bf16_activations | FP8 or BF16 / bf16 / fp8 or bf16 | reported; top-1 >= 80% (a broken path scores ~0) |
+| bf16_activations | BF16 / bf16 / bf16 | reported; top-1 >= 80% (a broken path scores ~0) |
+| fp8_production | FP8 / bf16 / fp8_e4m3, graphs | the FP8 noise floor at bf16 (`fp8_noise_floor(act_dtype=bf16)`), as fp8_weights_fp8_kv |
 
 Two groups can run in parallel on one GPU (each server takes 40% of its memory):
 `-k bf16_kv_group` and `-k fp8_group`. Results: $SERVING_LOG_DIR/serving-results.jsonl.
@@ -264,4 +265,11 @@ def test_fp8_group_production_dtypes(ckpts, prompts):
     first, again, t = _serve(ckpts["fp8"], "--cuda-graph-max-bs-decode", "16", name="fp8-default")
     s, s_again = _scored(ckpts["fp8"], "fp8_e4m3", True, prompts, first, again, bf16_queries=True)
     _track("fp8_default", s, s_again, first, again, t)
-    assert s.top1 >= 0.8 * s.positions, s.summary()
+    # the noise floor at bf16 (as fp8_weights_fp8_kv at fp16): H200 2026-12-03 (run 1, the old fixed bound of
+    # 80%) measured 71.4% top-1 here while the oracle agrees with itself on only ~79% under fp16 rounding
+    cfg, ref = sh.load_reference(ckpts["fp8"], REF_DEVICE)
+    floor = sh.fp8_noise_floor(ref, cfg, prompts, first, REF_DEVICE, act_dtype=torch.bfloat16)
+    print(f"[fp8_default] noise floor (the oracle vs itself with bf16-rounded FP8 inputs): {floor}")
+    sh.write_report("fp8_default_noise_floor", floor)
+    assert s.top1 >= (floor["top1"] - 0.10) * s.positions, (s.summary(), floor)
+    assert s.mean_lp_err <= 1.5 * floor["mean_lp"] + 0.02, (s.summary(), floor)
