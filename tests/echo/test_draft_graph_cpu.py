@@ -17,7 +17,7 @@ Against that, per speculative step count S (S+1 rows per request) and batches of
 the captured 4 (and 4 unpadded), over pools with and without SWA slots: the graph form's logits / draft streams
 at the selected rows and every pool row equal the eager DRAFT_EXTEND_V2 forward's on the same inputs, with
 verify windows across positions 128 (window, compression block) and 256 (page); capture and padded rows
-write nothing but the padding page. The draft's experts run as a dense static-shape CPU stand-in (the FusedMoE
+write nothing but the padding page. The draft's experts run as twin_harness.static_experts, a static-shape stand-in (the FusedMoE
 Triton kernel the GPU records needs a GPU; twin_harness.torch_experts loops over `.unique().tolist()`).
 """
 
@@ -147,26 +147,6 @@ class EmulatedGraphs:
 
 
 # ------------------------------------------------------------------ the draft, its pool and SGLang's runner
-def dense_experts(model) -> None:
-    """FusedMoE stand-in with static shapes: every token gathers its k experts' weights (no host reads)."""
-    from sglang_ernie55.layers.moe import Ernie55LatentMoE
-
-    for mod in model.modules():
-        if not isinstance(mod, Ernie55LatentMoE):
-            continue
-        ex = mod.experts
-
-        def fwd(z, topk_output, ex=ex):
-            ids, w = topk_output.topk_ids.long(), topk_output.topk_weights.float()
-            w13, w2 = ex.w13_weight.float()[ids], ex.w2_weight.float()[ids]  # [T, k, 2I, L], [T, k, L, I]
-            inter = w2.shape[-1]
-            gu = torch.einsum("tl,tkil->tki", z.float(), w13)
-            h = torch.nn.functional.silu(gu[..., :inter]) * gu[..., inter:]
-            return (torch.einsum("tki,tkli->tkl", h, w2) * w[..., None]).sum(1).to(z.dtype)
-
-        ex.forward = fwd
-
-
 def make_draft(kind: str, device: str = "cpu"):
     """(cfg, draft attached to its target), fp32, dense static-shape experts, on `device`."""
     from sglang.srt.configs.shared_experts import SharedExpertsConfig
@@ -178,7 +158,7 @@ def make_draft(kind: str, device: str = "cpu"):
     target = th.build_model(cfg, dtype=torch.float32)
     target.load_weights(ref.state_dict().items())
     target = target.to(device)
-    dense_experts(target)
+    th.static_experts(target)
     prev = torch.get_default_dtype()
     torch.set_default_dtype(torch.float32)
     try:

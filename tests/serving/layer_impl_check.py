@@ -265,32 +265,10 @@ def run_model(device: str = "cpu") -> dict:
     return rep
 
 
-def dense_experts(model) -> None:
-    """A graph-capturable stand-in for FusedMoE (the harness's per-expert loop syncs on the ids): every
-    expert on every token, combined with the routing weights scattered into a dense [T, E] matrix."""
-    from sglang_ernie55.layers.moe import Ernie55LatentMoE
-
-    for mod in model.modules():
-        if not isinstance(mod, Ernie55LatentMoE):
-            continue
-        ex = mod.experts
-
-        def fwd(z, topk_output, ex=ex):
-            w13, w2 = ex.w13_weight.float(), ex.w2_weight.float()
-            inter = w2.shape[-1]
-            gu = torch.einsum("tl,eil->tei", z.float(), w13)
-            y = torch.einsum("tei,eoi->teo", torch.nn.functional.silu(gu[..., :inter]) * gu[..., inter:], w2)
-            dense = torch.zeros(z.shape[0], w13.shape[0], dtype=torch.float32, device=z.device)
-            dense.scatter_(1, topk_output.topk_ids.long(), topk_output.topk_weights.float())
-            return (dense[..., None] * y).sum(1).to(z.dtype)
-
-        ex.forward = fwd
-
-
 def run_graph(geometry: str = "full", batches=(1, 8), replays: int = 3) -> dict:
     """CUDA: the decode step's three layers captured per compute, replayed = eager; triton vs torch; timings."""
     cfg, _, model = _model("cuda", geometry)
-    dense_experts(model)
+    th.static_experts(model)
     n, H = cfg.hc_mult, cfg.hidden_size
     layers = model.model.layers
     for layer in layers[:3]:

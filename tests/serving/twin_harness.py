@@ -98,6 +98,28 @@ def torch_experts(model) -> None:
         ex.forward = fwd
 
 
+def static_experts(model) -> None:
+    """A CUDA-graph-capturable stand-in for FusedMoE's Triton runner (torch_experts loops over
+    `.unique().tolist()`, a host read): every token gathers its k experts' weights, static shapes, no host
+    reads. Used where a forward is captured (the ECHO draft-extend graph, the layer kernels' decode graph)."""
+    from sglang_ernie55.layers.moe import Ernie55LatentMoE
+
+    for mod in model.modules():
+        if not isinstance(mod, Ernie55LatentMoE):
+            continue
+        ex = mod.experts
+
+        def fwd(z, topk_output, ex=ex):
+            ids, w = topk_output.topk_ids.long(), topk_output.topk_weights.float()
+            w13, w2 = ex.w13_weight.float()[ids], ex.w2_weight.float()[ids]  # [T, k, 2I, L], [T, k, L, I]
+            inter = w2.shape[-1]
+            gu = torch.einsum("tl,tkil->tki", z.float(), w13)
+            h = torch.nn.functional.silu(gu[..., :inter]) * gu[..., inter:]
+            return (torch.einsum("tki,tkli->tkl", h, w2) * w[..., None]).sum(1).to(z.dtype)
+
+        ex.forward = fwd
+
+
 class Session:
     """Pool + backend + a page allocator; `extend` / `decode` / `verify` return fp32 logits of the new tokens.
 
