@@ -18,7 +18,6 @@ import twin_harness as th  # noqa: E402
 
 from sglang_ernie55.configuration import ARCH_ECHO, tiny_config  # noqa: E402
 from sglang_ernie55.reference import echo as refecho  # noqa: E402
-from sglang_ernie55.reference.model import build_reference  # noqa: E402
 
 PAGE = 256
 
@@ -30,21 +29,8 @@ def _cfg(last: str):
 @pytest.fixture(scope="module", params=["hca", "mla_dsa"])
 def setup(request):
     """(cfg, reference fp32, target fp32, draft attached) for a last layer of each kind."""
-    from sglang_ernie55.models.ernie55_echo import Ernie5_5MoeMTPModel
-
     cfg = _cfg(request.param)
-    ref = build_reference(cfg, seed=1, dtype=torch.float32)
-    target = th.build_model(cfg, dtype=torch.float32)
-    target.load_weights(ref.state_dict().items())
-    th.torch_experts(target)
-    prev = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float32)
-    try:
-        draft = Ernie5_5MoeMTPModel(cfg)
-    finally:
-        torch.set_default_dtype(prev)
-    draft.load_weights(ref.state_dict().items())
-    draft.attach_target(target)
+    ref, target, draft = th.build_echo_pair(cfg, seed=1)
     return cfg, ref, target, draft
 
 

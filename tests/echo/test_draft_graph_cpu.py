@@ -37,8 +37,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import twin_harness as th  # noqa: E402
 from test_draft_cpu import PAGE, DraftSession, _cfg  # noqa: E402
 
-from sglang_ernie55.reference.model import build_reference  # noqa: E402
-
 CAPTURE_BS = [4]
 # request slot -> its committed length L before the round (the verify window is L .. L+S): windows across
 # 256 (page, second compression block), across 128 (window, first block), short, past 300
@@ -151,23 +149,8 @@ def make_draft(kind: str, device: str = "cpu"):
     """(cfg, draft attached to its target), fp32, dense static-shape experts, on `device`."""
     from sglang.srt.configs.shared_experts import SharedExpertsConfig
 
-    from sglang_ernie55.models.ernie55_echo import Ernie5_5MoeMTPModel
-
     cfg = _cfg(kind)
-    ref = build_reference(cfg, seed=3, dtype=torch.float32)
-    target = th.build_model(cfg, dtype=torch.float32)
-    target.load_weights(ref.state_dict().items())
-    target = target.to(device)
-    th.static_experts(target)
-    prev = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float32)
-    try:
-        draft = Ernie5_5MoeMTPModel(cfg)
-    finally:
-        torch.set_default_dtype(prev)
-    draft.load_weights(ref.state_dict().items())
-    draft = draft.to(device)
-    draft.attach_target(target)
+    _, _, draft = th.build_echo_pair(cfg, seed=3, experts=th.static_experts, device=device)
     draft.shared_experts_config = SharedExpertsConfig()  # SGLang's loader sets it on every model
     return cfg, draft
 

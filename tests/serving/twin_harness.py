@@ -120,6 +120,30 @@ def static_experts(model) -> None:
         ex.forward = fwd
 
 
+def build_echo_pair(cfg, seed: int, experts=torch_experts, device: str = "cpu"):
+    """(reference, target, ECHO draft attached to the target), fp32, both loaded from the same random reference
+    (seed), the target's FusedMoE replaced by `experts` (torch_experts, or static_experts for captured
+    forwards), on `device`."""
+    from sglang_ernie55.models.ernie55_echo import Ernie5_5MoeMTPModel
+    from sglang_ernie55.reference.model import build_reference
+
+    ref = build_reference(cfg, seed=seed, dtype=torch.float32)
+    target = build_model(cfg, dtype=torch.float32)
+    target.load_weights(ref.state_dict().items())
+    target = target.to(device)
+    experts(target)
+    prev = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float32)
+    try:
+        draft = Ernie5_5MoeMTPModel(cfg)
+    finally:
+        torch.set_default_dtype(prev)
+    draft.load_weights(ref.state_dict().items())
+    draft = draft.to(device)
+    draft.attach_target(target)
+    return ref, target, draft
+
+
 class Session:
     """Pool + backend + a page allocator; `extend` / `decode` / `verify` return fp32 logits of the new tokens.
 
