@@ -31,6 +31,7 @@ export SERVING_LOG_DIR="$out/serving"
 # several pytest processes score on the host at once: without a cap each takes every core (the 2026-12-02
 # run of all five at once timed out in the reference scoring)
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-3}"
+export PYTEST_INSTAFAIL=1  # tracebacks as they happen (tests/conftest.py): a timed-out suite still shows them
 names=(group_bf16 group_fp8 kernel_path echo kernels layer_impl)
 if [ "${1:-}" = "--full-width" ]; then names+=(full_width); shift; fi
 [ $# -gt 0 ] && names=("$@")

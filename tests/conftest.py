@@ -10,6 +10,7 @@ skips it with a reason where that is absent, so the CPU suite stays green and a 
 from __future__ import annotations
 
 import functools
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -48,6 +49,13 @@ def pytest_collection_modifyitems(config, items):
                 )
         if item.get_closest_marker("h200") is not None and "H200" not in name:
             item.add_marker(pytest.mark.skip(reason=f"H200 cell; this GPU is {name!r}"))
+
+
+def pytest_runtest_logreport(report):
+    """PYTEST_INSTAFAIL=1 (scripts/gpu-all.sh sets it): a failure's traceback is printed when it happens, not
+    in the end-of-session summary, which a device command cut off at its time limit never reaches."""
+    if report.failed and os.environ.get("PYTEST_INSTAFAIL") == "1":
+        print(f"\n=== FAILED {report.nodeid} ({report.when})\n{report.longreprtext}\n", file=sys.stderr, flush=True)
 
 
 @pytest.fixture(scope="session")

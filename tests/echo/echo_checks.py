@@ -29,16 +29,22 @@ def generate(server, prompt: list[int], max_new: int) -> dict:
     return {"tokens": out["output_ids"], "logprobs": lps, "meta": meta}
 
 
+# bf16 KV moves the server's indexer scores (O(1)) by ~1e-3 against the oracle's: closer top-k boundaries can flip
+DSA_ROW_MARGIN = 1e-3
+
+
 @torch.no_grad()
 def check_draft_dumps(path, dump, cfg, device: str, prompts, min_requests: int) -> dict:
     """Every dumped prefill draft-extend of one of `prompts` (a whole prompt from position 0; the server's own
     warm-up and health requests are skipped): the target streams handed to the draft
     equal the reference's pre-hc_head streams of the prompt (bf16-KV-rounded reference; per-row cosine
-    median >= 0.9999, min >= 0.99), and the draft logits computed from those streams equal the reference's
-    `echo_forward` (cosine >= 0.9999 per row; top-1 agreement >= 99%). Returns the counts."""
+    median >= 0.9999, min >= 0.99; a prompt whose first row under 0.99 is a DSA top-k near-tie of the oracle,
+    margin < DSA_ROW_MARGIN, is counted instead, at most a third of them); and the draft logits computed from
+    those streams equal the reference's `echo_forward` of the same streams (cosine >= 0.9999 per row; top-1
+    agreement >= 99%), on every matched prompt. Returns the counts."""
     _, ref = sh.load_reference(path, device)
     n, H = cfg.hc_mult, cfg.hidden_size
-    checked, agree, rows, ill_posed = 0, 0, 0, 0
+    checked, agree, rows, ill_posed = 0, 0, 0, []
     for f in sorted(glob.glob(str(Path(dump) / "*.pt"))):
         d = torch.load(f)
         lens = d["extend_seq_lens"]
@@ -64,15 +70,25 @@ def check_draft_dumps(path, dump, cfg, device: str, prompts, min_requests: int) 
             with sh.kv_rounded_reference():  # the pool's bf16 rounding (DSA top-k near-ties follow it)
                 want_streams = ref.forward(prompt).streams
                 cos_s = torch.nn.functional.cosine_similarity(s_in.flatten(1), want_streams.flatten(1), dim=-1)
-                ok = bool(cos_s.median() >= 0.9999 and cos_s.min() >= 0.99)
-                if not ok and th.dsa_boundary_margin(ref, prompt) < th.DSA_MARGIN:
-                    # the oracle's own DSA top-k has a tie within 1e-5 at some position: it flips with the GEMM
-                    # shapes (the server's prefill vs the oracle's whole-prompt forward) and moves the rows after
-                    # it by O(1); such a prompt is not comparable and is counted, never a pass
-                    ill_posed += 1
-                    off += L
-                    continue
-            assert ok, f"target streams handed to the draft differ: median {cos_s.median()}, min {cos_s.min()}"
+                bad = (cos_s < 0.99).nonzero().flatten()  # bf16-KV noise alone keeps rows above (median 0.999995)
+                if bad.numel():
+                    # The only discrete choice in the target is the DSA top-k. bf16 KV leaves the server's streams
+                    # ~3e-3 relative from the oracle's (median cos 0.999995 on the H200, 2026-12-03), so indexer
+                    # scores of O(1) move by ~1e-3 and a top-k boundary that close can flip; the flip changes its
+                    # own row first (cos 0.966 seen), later rows only through it. Such a prompt is counted, never
+                    # a pass, and only when the first differing row is itself a near-tie of the oracle: a wiring
+                    # error (wrong rows, offsets, layer) would start at a row with a clear margin, or at row 0.
+                    t0 = int(bad[0])
+                    margin = float(th.dsa_row_margins(ref, prompt)[t0])
+                    assert margin < DSA_ROW_MARGIN, (
+                        f"target streams handed to the draft differ from row {t0} of {L} (cos {float(cos_s[t0]):.6f},"
+                        f" median {float(cos_s.median()):.7f}); the oracle's DSA top-k margin at that row is"
+                        f" {margin:.3g} >= {DSA_ROW_MARGIN}: not a near-tie")
+                    ill_posed.append({"prompt_len": L, "first_row": t0, "cos": round(float(cos_s[t0]), 6),
+                                      "margin": margin, "rows_differing": int(bad.numel())})  # fmt: skip
+                else:
+                    assert cos_s.median() >= 0.9999, f"target streams handed to the draft differ: median {cos_s.median()}"
+            # the draft's logits from the streams it was handed: exact whatever those streams are
             want = ref.echo_forward(s_in, ids).logits
             got = d["hidden"][off : off + L].float().to(device) @ ref.lm_head.weight.float().t()
             cos = torch.nn.functional.cosine_similarity(got, want, dim=-1)
@@ -81,6 +97,8 @@ def check_draft_dumps(path, dump, cfg, device: str, prompts, min_requests: int) 
             rows += L
             checked += 1
             off += L
-    assert checked >= min_requests, f"only {checked} prefill draft-extends dumped"
+    assert checked >= min_requests, f"only {checked} prefill draft-extends dumped (near-tie prompts: {ill_posed})"
+    # a few prompts may hit a near-tie; a systematic difference would excuse itself on most of them
+    assert len(ill_posed) <= max(1, checked // 3), f"{len(ill_posed)} of {checked} prompts: {ill_posed}"
     assert agree >= 0.99 * rows, (agree, rows)
     return {"requests": checked, "rows": rows, "top1_agree": agree / rows, "skipped_dsa_near_tie": ill_posed}

@@ -337,12 +337,13 @@ class Session:
 DSA_MARGIN = 1e-5  # a DSA top-k boundary closer than this flips with the host's GEMM blocking (1 ulp seen)
 
 
-def dsa_boundary_margin(ref, ids: torch.Tensor) -> float:
-    """The smallest gap, over every MLA-DSA layer and query position, between the index_topk-th and the next
-    indexer score of the reference's forward over `ids` (inf when no position selects)."""
+def dsa_row_margins(ref, ids: torch.Tensor) -> torch.Tensor:
+    """Per query position of the reference's forward over `ids`: the smallest gap, over every MLA-DSA layer,
+    between the index_topk-th and the next indexer score ([len(ids)] fp64; inf where no layer selects)."""
     from sglang_ernie55.reference import functional as Fn
 
-    orig, gaps = Fn.indexer_topk, []
+    orig = Fn.indexer_topk
+    out = torch.full((len(ids),), float("inf"), dtype=torch.float64)
 
     def spy(scores, q_pos, k_pos, topk):
         causal = k_pos[None, :] <= q_pos[:, None]
@@ -350,7 +351,8 @@ def dsa_boundary_margin(ref, ids: torch.Tensor) -> float:
             row = scores[t][causal[t]]
             if row.numel() > topk:
                 v = torch.sort(row, descending=True).values
-                gaps.append(float(v[topk - 1] - v[topk]))
+                p = int(q_pos[t])
+                out[p] = min(float(out[p]), float(v[topk - 1] - v[topk]))
         return orig(scores, q_pos, k_pos, topk)
 
     Fn.indexer_topk = spy
@@ -359,7 +361,13 @@ def dsa_boundary_margin(ref, ids: torch.Tensor) -> float:
             ref.forward(ids)
     finally:
         Fn.indexer_topk = orig
-    return min(gaps, default=float("inf"))
+    return out
+
+
+def dsa_boundary_margin(ref, ids: torch.Tensor) -> float:
+    """The smallest gap, over every MLA-DSA layer and query position, between the index_topk-th and the next
+    indexer score of the reference's forward over `ids` (inf when no position selects)."""
+    return float(dsa_row_margins(ref, ids).min()) if len(ids) else float("inf")
 
 
 def well_posed_prompt(cfg, ref, n: int, seed: int, tries: int = 20) -> torch.Tensor:
