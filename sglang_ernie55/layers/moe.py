@@ -17,9 +17,12 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from sglang.srt.distributed.communication_op import tensor_model_parallel_all_reduce
 from sglang.srt.layers.linear import ColumnParallelLinear, ReplicatedLinear, RowParallelLinear
+from sglang.srt.layers.moe import get_moe_a2a_backend
 from sglang.srt.layers.moe.fused_moe_triton import FusedMoE
 from sglang.srt.layers.moe.topk import StandardTopKOutput
+from sglang.srt.layers.moe.utils import sum_post_experts_output
 from sglang.srt.runtime_context import get_parallel
 from torch import nn
 
@@ -72,6 +75,14 @@ class Ernie55LatentMoE(nn.Module):
             L, H, bias=False, quant_config=lq(L, H), prefix=_p("latent_up", prefix)
         )
         inter = config.moe_intermediate_size
+        # Where the MoE output's sums over ranks happen (FusedMoE returns each rank's partial sum; SGLang 0.5.23
+        # leaves that sum to the model, reduce_results=False). Pure TP (no EP, no all-to-all): the routed partial,
+        # projected up (latent_up is linear, so up(sum) = sum(up)) plus the shared expert's TP partial, in one
+        # all-reduce over the TP group, as SGLang's latent MoE does (nemotron_h: fc2_latent_proj on the partial
+        # sum, shared added, one reduction). Otherwise (EP and / or an all-to-all backend): SGLang's
+        # sum_post_experts_output owes or skips the routed sums, and the shared expert reduces its own output.
+        par = get_parallel()
+        self.one_reduce = par.tp_size > 1 and par.moe_ep_size == 1 and get_moe_a2a_backend().is_none()
         self.experts_quantized = quant_config is not None and inter % FP8_BLOCK == 0 and L % FP8_BLOCK == 0
         self.experts = FusedMoE(
             num_experts=E, top_k=self.topk, layer_id=layer_id, hidden_size=L, intermediate_size=inter,
@@ -79,7 +90,8 @@ class Ernie55LatentMoE(nn.Module):
         )  # fmt: skip
         self.shared_experts = (
             Ernie55SwiGLU(
-                H, config.shared_expert_intermediate_size, quant_config, _p("shared_experts", prefix)
+                H, config.shared_expert_intermediate_size, quant_config, _p("shared_experts", prefix),
+                reduce_results=not self.one_reduce,
             )
             if config.n_shared_experts
             else None
@@ -92,6 +104,12 @@ class Ernie55LatentMoE(nn.Module):
         (in-place weight updates reach both; no second copy of the routers is kept)."""
         ws = [r.weight for r in self.routers]
         if self._router_ptrs != [(w.data_ptr(), w.dtype, w.device) for w in ws]:
+            if ws[0].is_cuda and torch.cuda.is_current_stream_capturing():
+                # a rebuild frees the routers' old storage, which an earlier-captured graph may still read
+                raise RuntimeError(
+                    "ERNIE-5.5 latent MoE: the router matrix must be built before CUDA-graph capture "
+                    "(call model.prepare_after_load() after moving the model to its device)"
+                )
             cat = torch.cat([w.detach().float() for w in ws]).contiguous()
             E = ws[0].shape[0]
             for i, w in enumerate(ws):
@@ -138,6 +156,11 @@ class Ernie55LatentMoE(nn.Module):
         z = self.latent_down(x)[0]
         y = self.experts(z, StandardTopKOutput(topk_weights=w, topk_ids=ids, router_logits=s))
         y = self.latent_up(y)[0]
+        if self.one_reduce:  # pure TP: routed and shared partial sums in one all-reduce
+            if self.shared_experts is not None:
+                y = y + self.shared_experts(x)
+            return tensor_model_parallel_all_reduce(y)
+        y = sum_post_experts_output(y)  # no-op at one rank, or where the combine already summed
         if self.shared_experts is not None:
             y = y + self.shared_experts(x)
         return y

@@ -97,6 +97,10 @@ def _model(device: str, geometry: str = "tiny"):
     model = th.build_model(cfg, dtype=torch.float32)
     model.load_weights(ref.state_dict().items())
     model = model.to(device)
+    # the one-time layouts again, on the device: `.to()` replaced the routers' storage, and a lazy rebuild at the
+    # first kernel call would free the storage a CUDA graph captured before it reads (the H200 run of 2026-12-03:
+    # the torch-path graph, captured first, hit an illegal address once the Triton warm-up rebuilt the matrix)
+    model.prepare_after_load()
     th.torch_experts(model)
     return cfg, ref, model
 

@@ -364,6 +364,36 @@ def dsa_row_margins(ref, ids: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def route_row_margins(ref, ids: torch.Tensor) -> torch.Tensor:
+    """Per token of the reference's forward over `ids`: the smallest gap, over every MoE layer, between the
+    top_k-th and the next biased routing score (s + bias) ([len(ids)] fp64; inf for a model without MoE)."""
+    from sglang_ernie55.reference import functional as Fn
+
+    orig = Fn.multi_router_topk
+    out = torch.full((len(ids),), float("inf"), dtype=torch.float64)
+
+    def spy(x, routers, bias, topk, *a, **k):
+        xf = x.float()
+        s = torch.stack([torch.sigmoid(xf @ r.float().t()) for r in routers]).mean(0) + bias.float()
+        v = torch.sort(s, dim=-1, descending=True).values
+        out[: x.shape[0]] = torch.minimum(out[: x.shape[0]], (v[:, topk - 1] - v[:, topk]).double().cpu())
+        return orig(x, routers, bias, topk, *a, **k)
+
+    Fn.multi_router_topk = spy
+    try:
+        with torch.no_grad():
+            ref.forward(ids)
+    finally:
+        Fn.multi_router_topk = orig
+    return out
+
+
+def discrete_row_margins(ref, ids: torch.Tensor) -> torch.Tensor:
+    """Per position, the closest call among the target's discrete choices (DSA top-k, MoE routing top-k): a
+    rounding-level difference between two correct implementations can flip a choice only where this is small."""
+    return torch.minimum(dsa_row_margins(ref, ids), route_row_margins(ref, ids))
+
+
 def dsa_boundary_margin(ref, ids: torch.Tensor) -> float:
     """The smallest gap, over every MLA-DSA layer and query position, between the index_topk-th and the next
     indexer score of the reference's forward over `ids` (inf when no position selects)."""
