@@ -25,6 +25,24 @@ from ..layers.mhc import HyperConnection, HyperHead
 from ..layers.moe import Ernie55LatentMoE, Ernie55SwiGLU
 
 
+def check_parallel_layout(par) -> None:
+    """Refuse the parallel layouts this model does not implement (docs/serving-design.md section 8): attention
+    data parallelism (--attn-dp-size > 1) and attention context parallelism (--attn-cp-size > 1). The
+    attention layers shard heads over the whole TP group, the embedding and LM head are vocab-parallel over it,
+    and the MoE has no DP-attention token gather: under either layout the ranks' collectives would pair
+    different tokens (a hang or wrong outputs). `par`: SGLang's `get_parallel()`."""
+    dp, cp = int(getattr(par, "attn_dp_size", 1) or 1), int(getattr(par, "attn_cp_size", 1) or 1)
+    if dp > 1 or cp > 1:
+        tp = int(par.tp_size)
+        raise NotImplementedError(
+            f"sglang-ernie55 does not implement attention data / context parallelism yet: got tp {tp}, "
+            f"--attn-dp-size {dp}, --attn-cp-size {cp}. Its attention shards heads over the whole TP group and its "
+            "MoE has no DP-attention token gather, so this layout would hang or compute wrong outputs. Serve "
+            f"with --tp {tp} and neither flag (attention TP {tp}; legal when {tp} divides the 8 HCA output "
+            "groups), or with --dp for independent replicas. See docs/serving-design.md section 8."
+        )
+
+
 class Ernie55WeightError(ValueError):
     """A checkpoint that does not match the model: the message lists every offending tensor."""
 
@@ -106,8 +124,11 @@ class Ernie5_5_MoeForCausalLM(nn.Module):
         super().__init__()
         from sglang.srt.distributed.parallel_state import get_pp_group
 
+        from sglang.srt.runtime_context import get_parallel
+
         if get_pp_group().world_size > 1:
             raise NotImplementedError("sglang-ernie55: pipeline parallelism is not supported yet")
+        check_parallel_layout(get_parallel())
         self.config = config
         self.quant_config = quant_config
         self.model = Ernie55Model(config, quant_config, "model")

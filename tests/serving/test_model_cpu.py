@@ -334,3 +334,16 @@ def test_model_with_layers_on_kernels_equals_reference():
     for name in ("triton_vs_torch", "triton_vs_reference"):
         assert rep[name]["max_logit_diff"] <= 1e-4, rep
         assert rep[name]["top1_equal"] == rep["positions"], rep
+
+
+def test_unimplemented_parallel_layouts_are_refused():
+    """Attention DP / CP are refused when the model is built (the rules accept them as SERVING.md's layouts;
+    the model does not implement them: a server would hang or compute wrong outputs)."""
+    from types import SimpleNamespace
+
+    from sglang_ernie55.models.ernie55 import check_parallel_layout
+
+    check_parallel_layout(SimpleNamespace(tp_size=4, attn_dp_size=1, attn_cp_size=1))  # plain TP: built
+    for dp, cp in ((4, 1), (2, 1), (1, 2)):
+        with pytest.raises(NotImplementedError, match=f"--attn-dp-size {dp}, --attn-cp-size {cp}.*--tp 4"):
+            check_parallel_layout(SimpleNamespace(tp_size=4, attn_dp_size=dp, attn_cp_size=cp))
