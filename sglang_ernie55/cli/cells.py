@@ -131,6 +131,24 @@ class Cell:
     def int_flag(self, name: str, default: int = 1) -> int:
         return int(self.flags.get(name, default))
 
+    def unimplemented_layout(self) -> str | None:
+        """A warning when this cell's recipe (SERVING.md) uses a parallel layout the model refuses when it is
+        built (attention DP / CP; docs/serving-design.md section 8), else None."""
+        dp, cp = self.int_flag("attn-dp-size"), self.int_flag("attn-cp-size")
+        if dp <= 1 and cp <= 1:
+            return None
+        from ..args.rules import DEFAULT_ATTENTION_OUTPUT_GROUPS as groups
+
+        used = [f"--{n} {v}" for n, v in (("attn-dp-size", dp), ("attn-cp-size", cp)) if v > 1]
+        head = (f"this recipe uses {' and '.join(used)} (SERVING.md), which this version of sglang-ernie55 does not "
+                "implement: the server refuses it when the model is built (docs/serving-design.md section 8). ")
+        tp = self.int_flag("tp-size", self.int_flag("tp", 1))
+        drop = " / ".join(u.split()[0] for u in used)
+        if groups % tp == 0:
+            return head + f"Meanwhile serve with the same command without {drop} (attention TP {tp})."
+        return head + (f"Without {drop} the attention TP would be {tp}, which does not divide the {groups} HCA output "
+                       "groups: this cell has no layout that runs in this version.")
+
     def flag_argv(self) -> list[str]:
         """The cell's own flags as argv (no model path, no node or network flags)."""
         argv: list[str] = []

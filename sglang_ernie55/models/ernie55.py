@@ -123,7 +123,6 @@ class Ernie5_5_MoeForCausalLM(nn.Module):
     def __init__(self, config: Ernie55Config, quant_config=None, prefix: str = "") -> None:
         super().__init__()
         from sglang.srt.distributed.parallel_state import get_pp_group
-
         from sglang.srt.runtime_context import get_parallel
 
         if get_pp_group().world_size > 1:

@@ -107,3 +107,18 @@ def test_list_and_help(cli):
     assert rc == 0 and len(out.strip().splitlines()) == len(load_cells()) + 1
     rc, out, _ = cli("cmd", "--help")
     assert rc == 0 and "Multi-node cells" in out and "--dist-init-addr" in out
+
+
+def test_recipes_with_attention_dp_warn_that_the_model_refuses_them(cli):
+    """SERVING.md's attention-DP recipes are printed as specified, with the warning that this version's model
+    refuses them (docs/serving-design.md section 8) and the layout that runs instead, or that none does."""
+    rc, _, err = cli("cmd", "--hardware", "h200", "--precision", "fp8", "--strategy", "high-throughput")
+    assert rc == 0 and "--attn-dp-size 4" in err and "does not implement" in err
+    assert "without --attn-dp-size (attention TP 4)" in err
+    rc, _, err = cli("cmd", "--hardware", "h100", "--precision", "bf16", "--strategy", "high-throughput")
+    assert rc == 0 and "does not divide the 8 HCA output groups: this cell has no layout" in err
+    rc, _, err = cli("cmd", "--hardware", "h200", "--precision", "fp8", "--strategy", "low-latency")
+    assert rc == 0 and "does not implement" not in err
+    for cell in load_cells().values():
+        dp, cp = cell.int_flag("attn-dp-size"), cell.int_flag("attn-cp-size")
+        assert (cell.unimplemented_layout() is not None) == (dp > 1 or cp > 1), cell.name
