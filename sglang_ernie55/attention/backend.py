@@ -90,7 +90,7 @@ class Ernie55AttnBackend(AttentionBackend):
 
         from ..envs import attn_impl
 
-        tp = get_parallel().tp_size
+        tp = get_parallel().attn_tp_size  # the layers' heads shard over attention TP
         heads = {LAYER_HCA: cfg.num_attention_heads // tp, LAYER_MLA_DSA: cfg.num_attention_heads // tp}
         self.deterministic = deterministic_inference() if deterministic is None else deterministic
         self.choice = select.resolve(impl or attn_impl(), cfg, pool, heads, self.deterministic)

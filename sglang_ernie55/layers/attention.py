@@ -44,6 +44,11 @@ from ..reference.rope import (
 from .impl import use_kernels
 from .linear import linear_quant_config
 
+# Heads, HCA output groups and their projections shard over SGLang's attention-TP group (tp / attn_dp / attn_cp;
+# the whole TP group while attention DP / CP are refused, models.ernie55.check_parallel_layout), whose row-parallel
+# outputs all-reduce over that group, as SGLang's DeepSeek models do (`parallel_group="attn_tp"`).
+ATTN_TP = "attn_tp"
+
 
 def _add_prefix(name: str, prefix: str) -> str:
     return f"{prefix}.{name}" if prefix else name
@@ -53,7 +58,7 @@ def _sharded_loader(dim: int):
     """weight_loader that takes this TP rank's slice of a full checkpoint tensor along `dim`."""
 
     def load(param: nn.Parameter, loaded: torch.Tensor) -> None:
-        tp, rank = get_parallel().tp_size, get_parallel().tp_rank
+        tp, rank = get_parallel().attn_tp_size, get_parallel().attn_tp_rank
         n = param.shape[dim]
         if loaded.shape[dim] != n * tp:
             raise ValueError(f"cannot shard {tuple(loaded.shape)} over {tp} ranks into {tuple(param.shape)}")
@@ -188,7 +193,7 @@ class Ernie55HCAAttention(nn.Module):
     def __init__(self, config, layer_id: int, rope: RopeTable, quant_config=None, prefix: str = ""):
         super().__init__()
         H, h, D, G = config.hidden_size, config.num_attention_heads, config.head_dim, config.o_groups
-        tp = get_parallel().tp_size
+        tp = get_parallel().attn_tp_size  # attention TP (= --tp unless attention DP / CP)
         if h % tp or G % tp:
             raise ValueError(f"HCA: attention TP {tp} must divide num_attention_heads {h} and o_groups {G}")
         self.h, self.D, self.G, self.r = h // tp, D, G // tp, config.qk_rope_head_dim
@@ -199,14 +204,15 @@ class Ernie55HCAAttention(nn.Module):
         self.wq_a = ReplicatedLinear(H, ql, bias=False, quant_config=lq(H, ql), prefix=p("wq_a"))
         self.q_norm = RMSNorm(ql, eps=config.rms_norm_eps)
         self.wq_b = ColumnParallelLinear(
-            ql, h * D, bias=False, quant_config=lq(ql, h * D // tp), prefix=p("wq_b")
+            ql, h * D, bias=False, quant_config=lq(ql, h * D // tp), parallel_group=ATTN_TP, prefix=p("wq_b")
         )
         self.wkv = ReplicatedLinear(H, D, bias=False, quant_config=lq(H, D), prefix=p("wkv"))
         self.kv_norm = RMSNorm(D, eps=config.rms_norm_eps)
         # Grouped einsum (not a plain GEMM): kept unquantized, FP8 checkpoints are dequantized on load.
-        self.wo_a = ColumnParallelLinear(h // G * D, G * ol, bias=False, quant_config=None, prefix=p("wo_a"))
+        self.wo_a = ColumnParallelLinear(h // G * D, G * ol, bias=False, quant_config=None, parallel_group=ATTN_TP,
+                                         prefix=p("wo_a"))  # fmt: skip
         self.wo_b = RowParallelLinear(
-            G * ol, H, bias=False, quant_config=lq(G * ol // tp, H), prefix=p("wo_b")
+            G * ol, H, bias=False, quant_config=lq(G * ol // tp, H), parallel_group=ATTN_TP, prefix=p("wo_b")
         )
         self.attn_sink = nn.Parameter(torch.empty(self.h, dtype=torch.float32), requires_grad=False)
         self.attn_sink.weight_loader = _sharded_loader(0)
@@ -242,7 +248,7 @@ class Ernie55MLADSAAttention(nn.Module):
     def __init__(self, config, layer_id: int, rope: RopeTable, quant_config=None, prefix: str = ""):
         super().__init__()
         H, h = config.hidden_size, config.num_attention_heads
-        tp = get_parallel().tp_size
+        tp = get_parallel().attn_tp_size  # attention TP (= --tp unless attention DP / CP)
         if h % tp:
             raise ValueError(f"MLA-DSA: attention TP {tp} must divide num_attention_heads {h}")
         self.h, self.dn, self.dr, self.dv, self.r = (h // tp, config.qk_nope_head_dim, config.qk_rope_head_dim,
@@ -255,15 +261,15 @@ class Ernie55MLADSAAttention(nn.Module):
         self.q_a_proj = ReplicatedLinear(H, ql, bias=False, quant_config=lq(H, ql), prefix=p("q_a_proj"))
         self.q_a_layernorm = RMSNorm(ql, eps=config.rms_norm_eps)
         self.q_b_proj = ColumnParallelLinear(ql, h * qk, bias=False, quant_config=lq(ql, h * qk // tp),
-                                             prefix=p("q_b_proj"))  # fmt: skip
+                                             parallel_group=ATTN_TP, prefix=p("q_b_proj"))  # fmt: skip
         self.kv_a_proj_with_mqa = ReplicatedLinear(H, self.r + self.dr, bias=False,
                                                    quant_config=lq(H, self.r + self.dr), prefix=p("kv_a_proj_with_mqa"))  # fmt: skip
         self.kv_a_layernorm = RMSNorm(self.r, eps=config.rms_norm_eps)
         # Absorbed into the query (W_uk) and the output (W_uv): kept unquantized, dequantized on load.
         self.kv_b_proj = ColumnParallelLinear(self.r, h * (self.dn + self.dv), bias=False, quant_config=None,
-                                              prefix=p("kv_b_proj"))  # fmt: skip
+                                              parallel_group=ATTN_TP, prefix=p("kv_b_proj"))  # fmt: skip
         self.o_proj = RowParallelLinear(h * self.dv, H, bias=False, quant_config=lq(h * self.dv // tp, H),
-                                        prefix=p("o_proj"))  # fmt: skip
+                                        parallel_group=ATTN_TP, prefix=p("o_proj"))  # fmt: skip
         self.indexer = Indexer(config, quant_config, p("indexer"))
         self.scale = mla_softmax_scale(qk, config.rope_scaling)
         self.attn = RadixAttention(self.h, self.r + self.dr, scaling=self.scale, num_kv_heads=1, layer_id=layer_id,
