@@ -86,6 +86,12 @@ REQUIRED_SYMBOLS: list[tuple[str, str, tuple[str, ...] | None]] = [
     ("sglang.srt.layers.radix_attention", "RadixAttention.forward", ("q", "k", "v", "forward_batch")),
     ("sglang.srt.model_executor.forward_context", "ForwardContext", None),
     ("sglang.srt.layers.moe.topk", "StandardTopKOutput", ("topk_weights", "topk_ids", "router_logits")),
+    # the MoE's sum over ranks and the attention-TP group of the attention projections (docs/serving-design.md 8)
+    ("sglang.srt.layers.moe.utils", "sum_post_experts_output", ("hidden_states",)),
+    ("sglang.srt.layers.moe", "get_moe_a2a_backend", ()),
+    ("sglang.srt.distributed.communication_op", "tensor_model_parallel_all_reduce", ("input_",)),
+    ("sglang.srt.layers.linear", "ColumnParallelLinear.__init__", ("input_size", "output_size")),
+    ("sglang.srt.layers.linear", "RowParallelLinear.__init__", ("input_size", "output_size")),
     (
         "sglang.srt.model_executor.model_runner_components.moe_ep_setup",
         "check_quantized_moe_compatibility",
