@@ -202,3 +202,14 @@ def test_without_sglang_every_check_still_reports(monkeypatch):
     assert c["torch"].status == "ok"  # the version checks go on after sglang's
     assert c["import sglang_ernie55.models"].status == "fail"
     assert c["gpu model"].status == "ok" and c["gpu count"].status == "fail"  # 1 of the 4 the cell needs
+
+
+def test_cell_recipe_with_attention_dp_fails_the_layout_check(monkeypatch):
+    """A cell whose SERVING.md recipe uses attention DP fails `layout` (the model refuses it when built), naming the
+    layout that runs; a cell without it has no `layout` line."""
+    monkeypatch.setattr(P, "_visible_gpus", lambda: ([], None))
+    c = by_name(P.run_checks(args(hardware="h200", precision="fp8", strategy="high-throughput")))
+    assert c["layout"].status == "fail" and "--attn-dp-size 4" in c["layout"].detail
+    assert "without --attn-dp-size (attention TP 4)" in c["layout"].detail
+    c = by_name(P.run_checks(args(hardware="h200", precision="fp8", strategy="low-latency")))
+    assert "layout" not in c
