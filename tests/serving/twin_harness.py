@@ -337,61 +337,51 @@ class Session:
 DSA_MARGIN = 1e-5  # a DSA top-k boundary closer than this flips with the host's GEMM blocking (1 ulp seen)
 
 
-def dsa_row_margins(ref, ids: torch.Tensor) -> torch.Tensor:
-    """Per query position of the reference's forward over `ids`: the smallest gap, over every MLA-DSA layer,
-    between the index_topk-th and the next indexer score ([len(ids)] fp64; inf where no layer selects)."""
+def _row_margins(ref, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One reference forward over `ids`, per position: the smallest gap over every MLA-DSA layer between the
+    index_topk-th and the next indexer score, and over every MoE layer between the top_k-th and the next biased
+    routing score (s + bias). Two [len(ids)] fp64 tensors, inf where no layer chooses."""
     from sglang_ernie55.reference import functional as Fn
 
-    orig = Fn.indexer_topk
-    out = torch.full((len(ids),), float("inf"), dtype=torch.float64)
+    dsa = torch.full((len(ids),), float("inf"), dtype=torch.float64)
+    route = dsa.clone()
+    orig_index, orig_route = Fn.indexer_topk, Fn.multi_router_topk
 
-    def spy(scores, q_pos, k_pos, topk):
+    def spy_index(scores, q_pos, k_pos, topk):
         causal = k_pos[None, :] <= q_pos[:, None]
         for t in range(scores.shape[0]):
             row = scores[t][causal[t]]
             if row.numel() > topk:
                 v = torch.sort(row, descending=True).values
                 p = int(q_pos[t])
-                out[p] = min(float(out[p]), float(v[topk - 1] - v[topk]))
-        return orig(scores, q_pos, k_pos, topk)
+                dsa[p] = min(float(dsa[p]), float(v[topk - 1] - v[topk]))
+        return orig_index(scores, q_pos, k_pos, topk)
 
-    Fn.indexer_topk = spy
-    try:
-        with torch.no_grad():
-            ref.forward(ids)
-    finally:
-        Fn.indexer_topk = orig
-    return out
-
-
-def route_row_margins(ref, ids: torch.Tensor) -> torch.Tensor:
-    """Per token of the reference's forward over `ids`: the smallest gap, over every MoE layer, between the
-    top_k-th and the next biased routing score (s + bias) ([len(ids)] fp64; inf for a model without MoE)."""
-    from sglang_ernie55.reference import functional as Fn
-
-    orig = Fn.multi_router_topk
-    out = torch.full((len(ids),), float("inf"), dtype=torch.float64)
-
-    def spy(x, routers, bias, topk, *a, **k):
+    def spy_route(x, routers, bias, topk, *a, **k):
         xf = x.float()
         s = torch.stack([torch.sigmoid(xf @ r.float().t()) for r in routers]).mean(0) + bias.float()
         v = torch.sort(s, dim=-1, descending=True).values
-        out[: x.shape[0]] = torch.minimum(out[: x.shape[0]], (v[:, topk - 1] - v[:, topk]).double().cpu())
-        return orig(x, routers, bias, topk, *a, **k)
+        route[: x.shape[0]] = torch.minimum(route[: x.shape[0]], (v[:, topk - 1] - v[:, topk]).double().cpu())
+        return orig_route(x, routers, bias, topk, *a, **k)
 
-    Fn.multi_router_topk = spy
+    Fn.indexer_topk, Fn.multi_router_topk = spy_index, spy_route
     try:
         with torch.no_grad():
             ref.forward(ids)
     finally:
-        Fn.multi_router_topk = orig
-    return out
+        Fn.indexer_topk, Fn.multi_router_topk = orig_index, orig_route
+    return dsa, route
+
+
+def dsa_row_margins(ref, ids: torch.Tensor) -> torch.Tensor:
+    """Per query position: the smallest DSA top-k boundary gap over every MLA-DSA layer (`_row_margins`)."""
+    return _row_margins(ref, ids)[0]
 
 
 def discrete_row_margins(ref, ids: torch.Tensor) -> torch.Tensor:
     """Per position, the closest call among the target's discrete choices (DSA top-k, MoE routing top-k): a
     rounding-level difference between two correct implementations can flip a choice only where this is small."""
-    return torch.minimum(dsa_row_margins(ref, ids), route_row_margins(ref, ids))
+    return torch.minimum(*_row_margins(ref, ids))
 
 
 def dsa_boundary_margin(ref, ids: torch.Tensor) -> float:
