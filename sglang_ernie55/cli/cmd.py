@@ -97,8 +97,9 @@ def run(args: argparse.Namespace) -> int:
     warnings = []
     if args.host in ("0.0.0.0", "::"):
         warnings.append(f"--host {args.host} serves an unauthenticated API to the network: add --api-key KEY")
-    if cell.unimplemented_layout():
-        warnings.append(cell.unimplemented_layout())
+    layout = cell.unimplemented_layout()
+    if layout:
+        warnings.append(layout)
     if cell.nodes > 1 and not args.dist_init_addr:
         warnings.append("replace NODE0_IP by the address of node 0 (or pass --dist-init-addr HOST:PORT)")
     if args.json:

@@ -225,8 +225,9 @@ def check_gpus(hardware: str | None, precision: str, strategy: str) -> list[Chec
             cell = find_cell(hardware, precision, strategy)
             out.append(Check("cell", OK, f"{cell.name}: {cell.nodes} x {cell.gpus_per_node} {cell.gpu.label}",
                              {"cell": cell.name}))  # fmt: skip
-            if cell.unimplemented_layout():
-                out.append(Check("layout", FAIL, cell.unimplemented_layout()))
+            layout = cell.unimplemented_layout()
+            if layout:
+                out.append(Check("layout", FAIL, layout))
         except CellError as e:
             out.append(Check("cell", FAIL, str(e).splitlines()[0]))
     gpus, err = _visible_gpus()

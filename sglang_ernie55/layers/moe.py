@@ -156,11 +156,9 @@ class Ernie55LatentMoE(nn.Module):
         z = self.latent_down(x)[0]
         y = self.experts(z, StandardTopKOutput(topk_weights=w, topk_ids=ids, router_logits=s))
         y = self.latent_up(y)[0]
-        if self.one_reduce:  # pure TP: routed and shared partial sums in one all-reduce
-            if self.shared_experts is not None:
-                y = y + self.shared_experts(x)
-            return tensor_model_parallel_all_reduce(y)
-        y = sum_post_experts_output(y)  # no-op at one rank, or where the combine already summed
+        if not self.one_reduce:
+            y = sum_post_experts_output(y)  # no-op at one rank, or where the combine already summed
         if self.shared_experts is not None:
             y = y + self.shared_experts(x)
-        return y
+        # pure TP: the routed and the shared partial sums in one all-reduce
+        return tensor_model_parallel_all_reduce(y) if self.one_reduce else y
