@@ -8,11 +8,11 @@ rows per request at positions L..L+S, L = seq_lens, causal among them, KV writte
 fixed-shape programs over the batch's token rows in both computes, so SGLang's decode CUDA-graph runner
 captures both (it captures TARGET_VERIFY with S+1 tokens per request when the server speculates):
 
-- the kernels (stage 2, `kernel_path.py`; default on CUDA): Triton stores, block compression, indexer
-  and sparse attention, FlashMLA's sparse decode for the attention where its geometry fits; one
-  `KernelMeta` of index rows per forward, built on the device, read by every layer;
-- the torch twin (stage 1, the `_hca_*` / `_mla_*` methods below; the CPU path and the oracle):
-  extend runs per request in eager torch; decode is one fixed-shape program over the whole batch.
+- the kernels (`kernel_path.py`; default on CUDA): Triton stores, block compression, indexer and sparse
+  attention, FlashMLA's sparse decode for the attention where its geometry fits; one `KernelMeta` of index
+  rows per forward, built on the device, read by every layer;
+- torch (`torch_path.py`; the CPU path, the oracle, and the fallback for geometries no kernel takes): keys
+  in bounded chunks with an online softmax, so memory never grows with context length x batch.
 
 Both are graph-safe in decode (static shapes; padded rows write only padding / scratch rows), so
 SGLang's decode CUDA graphs capture them. Per-layer inputs come from the model through
@@ -26,33 +26,14 @@ and the open-block state keep full-pool / request addressing (the kernel path li
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 
 from ..configuration import LAYER_HCA, LAYER_MLA_DSA
 from ..mem_cache.pool import Ernie55TokenToKVPool
-from ..reference import functional as Fn
 from . import kernel_path as kp
 from . import select
-
-QUERY_CHUNK = 1024  # twin extend: queries per attention block (bounds the [q, h, keys] logits)
-
-
-@dataclass
-class ExtendMeta:
-    req: list[int]
-    prefix: list[int]
-    extend: list[int]
-
-
-@dataclass
-class DecodeMeta:
-    """DECODE (one row per request) and TARGET_VERIFY (`per_req` rows per request)."""
-
-    width: int  # key positions gathered per row (static under CUDA graphs)
-    per_req: int = 1  # query rows per request: 1 (decode) or S+1 (verify)
+from .torch_path import DecodeMeta, ExtendMeta, TorchHCA, TorchMLA
 
 
 def deterministic_inference() -> bool:
@@ -106,6 +87,8 @@ class Ernie55AttnBackend(AttentionBackend):
         self.page_starts = self.req_to_token[:, :: self.page_size]
         self.graph_width = self.max_ctx
         self._rope_tables: dict = {}
+        self.torch_hca = TorchHCA(pool, self.req_to_token, self.W, self.ratio)
+        self.torch_mla = TorchMLA(pool, self.req_to_token, self.topk)
 
     def impl(self, kind: str) -> str:
         return self.choice[kind].impl
@@ -229,20 +212,25 @@ class Ernie55AttnBackend(AttentionBackend):
             return self.forward_decode(q, k, v, layer, forward_batch, save_kv_cache, **kw)
         if self.kernels and self._kernel_kind(kw) is not None:
             return self._kernel_forward(q, k, layer, kw)
+        kv = k.view(-1, k.shape[-1])
+        loc = forward_batch.out_cache_loc
         if kw.get("ernie_kind") == "hca":
-            return self._hca_extend(q, k.view(-1, k.shape[-1]), kw["cs"], kw["compressor"], kw["attn_sink"],
-                                    layer, forward_batch)  # fmt: skip
-        return self._mla_extend(q, k.view(-1, k.shape[-1]), kw["index_q"], kw["index_w"], kw["index_k"], layer,
-                                forward_batch)  # fmt: skip
+            return self.torch_hca.extend(q, kv, kw["cs"], kw["compressor"], kw["attn_sink"], layer.scaling,
+                                         layer.layer_id, loc, self.meta)
+        return self.torch_mla.extend(q, kv, kw["index_q"], kw["index_w"], kw["index_k"], layer.scaling,
+                                     layer.v_head_dim, layer.layer_id, loc, self.meta)
 
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache: bool = True, **kw):
         if self.kernels and self._kernel_kind(kw) is not None:
             return self._kernel_forward(q, k, layer, kw)
+        kv = k.view(-1, k.shape[-1])
+        loc = forward_batch.out_cache_loc
+        req, pos = self._token_rows(forward_batch, q.shape[0])
         if kw.get("ernie_kind") == "hca":
-            return self._hca_decode(q, k.view(-1, k.shape[-1]), kw["cs"], kw["compressor"], kw["attn_sink"],
-                                    layer, forward_batch)  # fmt: skip
-        return self._mla_decode(q, k.view(-1, k.shape[-1]), kw["index_q"], kw["index_w"], kw["index_k"], layer,
-                                forward_batch)  # fmt: skip
+            return self.torch_hca.decode(q, kv, kw["cs"], kw["compressor"], kw["attn_sink"], layer.scaling,
+                                         layer.layer_id, loc, req, pos, self.meta.width)
+        return self.torch_mla.decode(q, kv, kw["index_q"], kw["index_w"], kw["index_k"], layer.scaling,
+                                     layer.v_head_dim, layer.layer_id, loc, req, pos, self.meta.width)
 
     def _kernel_kind(self, kw) -> str | None:
         kind = LAYER_HCA if kw.get("ernie_kind") == "hca" else LAYER_MLA_DSA
@@ -261,167 +249,3 @@ class Ernie55AttnBackend(AttentionBackend):
                                   kw["attn_sink"], layer)  # fmt: skip
         return kp.mla_forward(self, m, self.impl(LAYER_MLA_DSA), q, kv, kw["index_q"], kw["index_w"],
                               kw["index_k"], layer)  # fmt: skip
-
-    # ------------------------------------------------------------------ HCA (torch twin)
-    def _cmp_slots(self, req: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
-        """Compressed-entry slot of block(s) `blocks` of request slot(s) `req`: loc of the block's first token // ratio."""
-        return torch.div(self.req_to_token[req, blocks * self.ratio], self.ratio, rounding_mode="floor")
-
-    def _hca_extend(self, q, kv, cs, compressor, sink, layer, fb):
-        pool, lid, ratio, W = self.pool, layer.layer_id, self.ratio, self.W
-        win, cmp, state = pool.win[lid], pool.cmp[lid], pool.state[lid]
-        loc = fb.out_cache_loc
-        win.write(pool.window_loc(loc), kv)
-        out = torch.empty(q.shape[0], q.shape[1], q.shape[2], dtype=torch.float32, device=q.device)
-        m, off = self.meta, 0
-        ring = state.shape[1]  # token p's state row is p % ring (one block, or two when speculating)
-        for req, P, E in zip(m.req, m.prefix, m.extend):
-            L = P + E
-            # 1. open-block rows + new rows -> complete blocks -> compressed entries; the rows of the last
-            #    ring // ratio blocks -> state (with two blocks a rejected draft can recompute the last one)
-            start = (P // ratio) * ratio
-            old = torch.arange(start, P, device=q.device) % ring
-            rows = torch.cat([state[req, old], cs[off : off + E]], 0)
-            b0, b1 = P // ratio, L // ratio
-            if b1 > b0:
-                blk = rows[: (b1 - b0) * ratio].view(b1 - b0, ratio, -1)
-                bidx = torch.arange(b0, b1, device=q.device)
-                cmp.write(self._cmp_slots(torch.full_like(bidx, req), bidx), compressor.compress(blk, bidx))
-            keep = max(P, ratio * (L // ratio - ring // ratio + 1))
-            if keep < L:
-                state[req, torch.arange(keep, L, device=q.device) % ring] = rows[keep - start :]
-            # 2. attention: raw window keys (from max(0, P-W+1)) + every complete block's entry
-            ks = max(0, P - W + 1)
-            keys_raw = win.read(pool.window_loc(self.req_to_token[req, ks:L]))
-            kpos = torch.arange(ks, L, device=q.device)
-            nb = L // ratio
-            keys_cmp = cmp.read(self._cmp_slots(torch.full((nb,), req, device=q.device),
-                                                torch.arange(nb, device=q.device)))  # fmt: skip
-            keys = torch.cat([keys_raw, keys_cmp], 0)
-            for c0 in range(0, E, QUERY_CHUNK):
-                c1 = min(E, c0 + QUERY_CHUNK)
-                qpos = torch.arange(P + c0, P + c1, device=q.device)
-                d = qpos[:, None] - kpos[None, :]
-                cmp_mask = (
-                    torch.arange(nb, device=q.device)[None, :]
-                    < torch.div(qpos + 1, ratio, rounding_mode="floor")[:, None]
-                )
-                mask = torch.cat([(d >= 0) & (d < W), cmp_mask], 1)
-                out[off + c0 : off + c1] = Fn.sink_attention(
-                    q[off + c0 : off + c1], keys, mask, sink, layer.scaling
-                )
-            off += E
-        return out
-
-    def _hca_decode(self, q, kv, cs, compressor, sink, layer, fb):
-        """DECODE and TARGET_VERIFY rows. Every row's state row is written first, then every row that ends a
-        block compresses it from the state ring (verify rows of one request sit in distinct ring rows, and a
-        block's rows are not touched by the next block's: ring = 2 blocks when speculating), then attention.
-        A block completed by a row whose token is later rejected is recomputed, at the same slot, by the next
-        verify, which starts at the first rejected position, before any query reads it."""
-        pool, lid, ratio, W = self.pool, layer.layer_id, self.ratio, self.W
-        win, cmp, state = pool.win[lid], pool.cmp[lid], pool.state[lid]
-        loc = fb.out_cache_loc
-        B, dev = q.shape[0], q.device
-        req, pos = self._token_rows(fb, B)
-        L = pos + 1  # keys visible to each row
-        valid = loc >= self.page_size  # padded graph rows write to SGLang's padding page / our scratch rows
-        win.write(pool.window_loc(loc), kv)  # full slot 0 (padding) -> SWA slot 0 (padding)
-        slot = torch.where(valid, req, torch.full_like(req, pool.state_scratch))
-        ring = state.shape[1]
-        state[slot, pos % ring] = cs
-        done = valid & (pos % ratio == ratio - 1)
-        blk = torch.div(pos, ratio, rounding_mode="floor")
-        rows = ((blk * ratio) % ring)[:, None] + torch.arange(ratio, device=dev)
-        entries = compressor.compress(state[slot[:, None], rows], blk)
-        cslot = torch.where(done, torch.div(self.req_to_token[req, blk * ratio], ratio, rounding_mode="floor"),
-                            torch.full_like(req, pool.cmp_scratch))  # fmt: skip
-        cmp.write(cslot, entries)
-        # keys: window (W positions ending at pos) + compressed entries j < L // ratio
-        wpos = pos[:, None] - (W - 1) + torch.arange(W, device=dev)
-        wmask = wpos >= 0
-        wslots = pool.window_loc(self.req_to_token[req[:, None], wpos.clamp(min=0)])
-        keys_w = win.read(wslots)
-        nb_max = self.meta.width // ratio
-        j = torch.arange(nb_max, device=dev)
-        cmask = j[None, :] < torch.div(L, ratio, rounding_mode="floor")[:, None]
-        cl = torch.div(
-            self.req_to_token[req[:, None], (j * ratio)[None, :].expand(B, -1)], ratio, rounding_mode="floor"
-        )
-        keys_c = cmp.read(torch.where(cmask, cl, torch.full_like(cl, pool.cmp_scratch)))
-        keys = torch.cat([keys_w, keys_c], 1)
-        mask = torch.cat([wmask, cmask], 1)
-        return _masked_sink_attention(q, keys, keys, mask, sink, layer.scaling)
-
-    # ------------------------------------------------------------------ MLA-DSA (torch twin)
-    def _mla_extend(self, q, kc, iq, iw, ik, layer, fb):
-        pool, lid = self.pool, layer.layer_id
-        lat, idx = pool.latent[lid], pool.index_k[lid]
-        loc = fb.out_cache_loc
-        lat.write(loc, kc)
-        idx.write(loc, ik)
-        r = layer.v_head_dim
-        out = torch.empty(q.shape[0], q.shape[1], r, dtype=torch.float32, device=q.device)
-        m, off = self.meta, 0
-        for req, P, E in zip(m.req, m.prefix, m.extend):
-            L = P + E
-            locs = self.req_to_token[req, :L]
-            keys, kI = lat.read(locs), idx.read(locs)
-            kpos = torch.arange(L, device=q.device)
-            for c0 in range(0, E, QUERY_CHUNK):
-                c1 = min(E, c0 + QUERY_CHUNK)
-                s = slice(off + c0, off + c1)
-                qpos = torch.arange(P + c0, P + c1, device=q.device)
-                sel = Fn.indexer_topk(Fn.indexer_scores(iq[s], iw[s], kI), qpos, kpos, self.topk)
-                out[s] = _masked_attention(q[s], keys, keys[:, :r], sel, layer.scaling)
-            off += E
-        return out
-
-    def _mla_decode(self, q, kc, iq, iw, ik, layer, fb):
-        """DECODE and TARGET_VERIFY rows: row at position p sees positions 0..p of its request."""
-        pool, lid = self.pool, layer.layer_id
-        lat, idx = pool.latent[lid], pool.index_k[lid]
-        loc = fb.out_cache_loc
-        req, pos = self._token_rows(fb, q.shape[0])
-        L = pos + 1
-        lat.write(loc, kc)
-        idx.write(loc, ik)
-        S, B, r = self.meta.width, q.shape[0], layer.v_head_dim
-        spos = torch.arange(S, device=q.device)
-        smask = spos[None, :] < L[:, None]
-        locs = self.req_to_token[req[:, None], spos[None, :].expand(B, -1)]
-        keys = torch.where(smask[..., None], lat.read(locs), 0.0)
-        kI = torch.where(smask[..., None], idx.read(locs), 0.0)
-        scores = torch.einsum(
-            "bh,bhs->bs", iw.float(), torch.relu(torch.einsum("bhd,bsd->bhs", iq.float(), kI))
-        )
-        scores = scores.masked_fill(~smask, float("-inf"))
-        if S > self.topk:
-            order = torch.sort(scores, dim=-1, descending=True, stable=True).indices[:, : self.topk]
-            sel = torch.zeros_like(smask).scatter_(1, order, True) & smask
-        else:
-            sel = smask
-        return _masked_sink_attention(q, keys, keys[..., :r], sel, None, layer.scaling)
-
-
-def _masked_attention(q, keys, values, mask, scale):
-    """q [T, h, c], keys [S, c], values [S, r], mask [T, S] -> [T, h, r] fp32 (softmax over masked keys)."""
-    logits = torch.einsum("thc,sc->ths", q.float(), keys) * scale
-    logits = logits.masked_fill(~mask[:, None, :], float("-inf"))
-    return torch.einsum("ths,sr->thr", torch.softmax(logits, -1), values)
-
-
-def _masked_sink_attention(q, keys, values, mask, sink, scale):
-    """Batched decode form: q [B, h, c], keys [B, S, c], values [B, S, r], mask [B, S], sink [h] or None."""
-    keys = torch.where(mask[..., None], keys, 0.0)
-    values = torch.where(mask[..., None], values, 0.0)
-    logits = torch.einsum("bhc,bsc->bhs", q.float(), keys) * scale
-    logits = logits.masked_fill(~mask[:, None, :], float("-inf"))
-    if sink is not None:
-        logits = torch.cat([logits, sink.float()[None, :, None].expand(logits.shape[0], -1, 1)], -1)
-    mx = logits.amax(-1, keepdim=True).clamp_min(-1e30)
-    p = torch.exp(logits - mx)
-    p = p / p.sum(-1, keepdim=True).clamp_min(1e-30)
-    if sink is not None:
-        p = p[..., :-1]
-    return torch.einsum("bhs,bsr->bhr", p, values)

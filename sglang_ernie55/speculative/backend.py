@@ -39,7 +39,7 @@ import torch
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 
 from ..attention import BACKEND_NAME
-from ..attention.backend import _masked_sink_attention
+from ..attention.torch_path import masked_sink_attention
 from ..configuration import LAYER_HCA
 from .pool import EchoDraftKVPool
 
@@ -133,9 +133,9 @@ class EchoDraftAttnBackend(AttentionBackend):
         mask = wpos >= 0
         keys = rows.read(self.pool.window_loc(self.req_to_token[req[:, None].long(), wpos.clamp(min=0)]))
         if self.kind == LAYER_HCA:
-            return _masked_sink_attention(q, keys, keys, mask, kw["attn_sink"], layer.scaling)
+            return masked_sink_attention(q, keys, keys, mask, kw["attn_sink"], layer.scaling)
         r = layer.v_head_dim
-        return _masked_sink_attention(q, keys, keys[..., :r], mask, None, layer.scaling)
+        return masked_sink_attention(q, keys, keys[..., :r], mask, None, layer.scaling)
 
 
 class EchoMultiStepDraftBackend:
