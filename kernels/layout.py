@@ -166,6 +166,32 @@ def idx_geometry(kv_dtype: str, dim: int = IDX_HEAD_DIM, page_size: int = PAGE_S
     return Geometry(KVLayout.IDX_BF16, dim, 0, page_size, 2 * dim, 2 * dim, 0, 0, page_size * 2 * dim, dim)
 
 
+def fp8_unfit(config) -> str:
+    """Why the fp8_e4m3 KV layouts cannot hold this config's cache: '' when they can, else one sentence naming
+    the config.json field(s), the value and the rule. The one statement of what `hca_geometry` /
+    `mla_geometry` assert for fp8, judged for the layer kinds the config has (the ECHO draft's rows use its
+    last layer's layout, so they add nothing): HCA quantises the non-rope part of a row in 64-value tiles,
+    MLA-DSA the latent in 128-value tiles; the rope tail stays bf16 and the indexer key has one scale per
+    token, so neither constrains a width. Server-argument resolution calls it (an explicit fp8_e4m3 that does
+    not fit is refused, the default is served in bfloat16), so no pool is ever built from an unfit config."""
+    kinds = set(config.layer_types)
+    if "hca" in kinds:
+        D, r = config.head_dim, config.qk_rope_head_dim
+        if (D - r) % HCA_FP8_TILE:
+            return (
+                f"config.json head_dim {D} - qk_rope_head_dim {r} = {D - r} (the HCA non-rope width) must be a "
+                f"multiple of {HCA_FP8_TILE} for fp8_e4m3 KV: the HCA fp8 layout quantises it in "
+                f"{HCA_FP8_TILE}-value tiles with one ue8m0 scale each"
+            )
+    if "mla_dsa" in kinds and config.kv_lora_rank % MLA_FP8_TILE:
+        return (
+            f"config.json kv_lora_rank {config.kv_lora_rank} (the MLA-DSA latent width) must be a multiple of "
+            f"{MLA_FP8_TILE} for fp8_e4m3 KV: the MLA fp8 layout quantises it in {MLA_FP8_TILE}-value tiles "
+            "with one fp32 scale each"
+        )
+    return ""
+
+
 # Full-size constants, checked against the numbers in ARCHITECTURE.md / SGLang / FlashMLA.
 HCA_FP8_BYTES_PER_TOKEN = 584
 HCA_FP8_SWA_PAGE_BYTES = 149_760  # 256 * 584 = 149,504 -> padded to 260 * 576

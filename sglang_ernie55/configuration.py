@@ -6,6 +6,7 @@ construction and raises `Ernie55ConfigError` naming the field and the rule it br
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from transformers import PretrainedConfig
@@ -336,6 +337,32 @@ class Ernie55Config(PretrainedConfig):
         if qc:
             out["quantization_config"] = dict(qc)
         return out
+
+
+# Widths SGLang's CPU model runner pads in the served config (`adjust_config_with_unaligned_cpu_tp` ->
+# `update_intermediate_size`: up to a multiple of tp * 32, or of tp * the FP8 block size), keeping the value
+# config.json gave as `original_<name>`. Its layers are then built at the padded width and its weight
+# loaders copy the checkpoint tensor into the leading part, zeroing the rest (SwiGLU of zero rows and
+# columns adds nothing), so the checkpoint itself keeps the unpadded width.
+SGLANG_PADDED_WIDTHS = ("moe_intermediate_size", "intermediate_size", "shared_expert_intermediate_size")
+
+
+def checkpoint_config(config: Ernie55Config) -> Ernie55Config:
+    """The geometry the checkpoint was written in: `config` itself, or, when SGLang padded widths of the
+    served config (`SGLANG_PADDED_WIDTHS`), a copy with config.json's values put back. Tensor shapes of a
+    checkpoint are checked against this, never against the padded parameters."""
+    restored = {
+        name: getattr(config, f"original_{name}")
+        for name in SGLANG_PADDED_WIDTHS
+        if getattr(config, f"original_{name}", None) not in (None, getattr(config, name))
+    }
+    if not restored:
+        return config
+    out = copy.copy(config)
+    for name, value in restored.items():
+        setattr(out, name, value)
+    out.check_fields()
+    return out
 
 
 def tiny_config(**overrides: Any) -> Ernie55Config:

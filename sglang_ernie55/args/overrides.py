@@ -18,7 +18,8 @@ logger = logging.getLogger(__name__)
 
 
 def ernie55_overrides(server_args: Any, hf_config: Any) -> dict:
-    """attention backend `ernie55`, page size 256, swa ratio 0.1 when unset, KV dtype mapped."""
+    """attention backend `ernie55`, page size 256, swa ratio 0.1 when unset, KV dtype mapped (the default
+    fp8_e4m3, or bfloat16 where the checkpoint's widths do not fit the fp8 layouts)."""
     from sglang.srt.arg_groups.model_override_base import resolving_view
 
     cfg = resolving_view(server_args)
@@ -36,7 +37,8 @@ def ernie55_overrides(server_args: Any, hf_config: Any) -> dict:
         value = getattr(cfg, field)
         if field == "speculative_draft_kv_cache_dtype" and value is None:
             continue  # the draft follows --kv-cache-dtype
-        dtype, note = rules.resolve_kv_cache_dtype(value, flag)
+        # the checkpoint's widths decide whether the default fp8_e4m3 layouts can hold its cache
+        dtype, note = rules.resolve_kv_cache_dtype(value, flag, hf_config)
         if note:
             logger.info("ERNIE-5.5: %s", note)
         if dtype != value:

@@ -7,7 +7,7 @@ SGLang decided so far); "user-given" checks read the raw field, which keeps what
 
 | step wrapped | rules checked (rules.py) | when |
 | --- | --- | --- |
-| handle_model_specific_adjustments | attention backends, page size, KV dtypes, parsers, --hicache-size | before the step (it applies our model overrides) |
+| handle_model_specific_adjustments | attention backends, page size, KV dtypes (fp8_e4m3 vs the checkpoint's widths), parsers, --hicache-size | before the step (it applies our model overrides) |
 |                                    | --context-length > 131072 warning | after |
 | handle_data_parallelism            | attention TP = tp / attn_dp / attn_cp divides o_groups | before (the step asserts tp % attn_dp bare) |
 | handle_context_parallelism         | the same, on the final layout | after (prefill CP may rewrite attn_cp_size) |
@@ -68,10 +68,13 @@ def model_specific_adjustments(server_args: Any, previous) -> None:
     for flag in rules.ATTENTION_BACKEND_FLAGS + ("--speculative-draft-attention-backend",):
         rules.check_attention_backend(flag, getattr(server_args, flag[2:].replace("-", "_")))
     rules.check_page_size(server_args.page_size)
-    rules.resolve_kv_cache_dtype(cfg.kv_cache_dtype, "--kv-cache-dtype")
+    # an fp8_e4m3 asked for by name must fit the checkpoint's widths (the default routes to bfloat16 instead,
+    # in the model override): refused here, before SGLang builds a pool whose layout cannot tile them
+    hf_config = _hf_config(server_args)
+    rules.resolve_kv_cache_dtype(cfg.kv_cache_dtype, "--kv-cache-dtype", hf_config)
     if cfg.speculative_draft_kv_cache_dtype is not None:
         rules.resolve_kv_cache_dtype(
-            cfg.speculative_draft_kv_cache_dtype, "--speculative-draft-kv-cache-dtype"
+            cfg.speculative_draft_kv_cache_dtype, "--speculative-draft-kv-cache-dtype", hf_config
         )
     warning = rules.check_parsers(cfg.reasoning_parser, cfg.tool_call_parser, envs.allow_parsers())
     if warning:

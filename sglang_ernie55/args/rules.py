@@ -77,12 +77,27 @@ def check_page_size(value: int | None) -> None:
     )  # fmt: skip
 
 
-def resolve_kv_cache_dtype(value: str | None, flag: str = "--kv-cache-dtype") -> tuple[str, str | None]:
+def resolve_kv_cache_dtype(
+    value: str | None, flag: str = "--kv-cache-dtype", config: object = None
+) -> tuple[str, str | None]:
     """(legal dtype, note to log or None). `auto`/None -> fp8_e4m3, `bf16` -> bfloat16; vLLM's `fp8` and
-    every other dtype raise."""
+    every other dtype raise.
+
+    `config` (the checkpoint's Ernie55Config): the fp8_e4m3 layouts must fit its widths
+    (`kernels.layout.fp8_unfit`). Where they do not, the default (`auto`/None) resolves to bfloat16 with a
+    note naming the field, and an explicit fp8_e4m3 raises (`check_kv_cache_geometry`)."""
+    if value is None or value == "auto":
+        unfit = _fp8_unfit(config)
+        if unfit:
+            shown = "unset" if value is None else "auto"
+            return "bfloat16", (
+                f"{flag} {shown} -> bfloat16, not the model's default fp8_e4m3: {unfit}. This checkpoint's KV "
+                "cache is served in bfloat16."
+            )
     if value is None:
         return KV_CACHE_DTYPE_DEFAULT, None
     if value in KV_CACHE_DTYPES:
+        check_kv_cache_geometry(value, flag, config)
         return value, None
     if value in KV_CACHE_DTYPE_ALIASES:
         to = KV_CACHE_DTYPE_ALIASES[value]
@@ -107,6 +122,25 @@ def resolve_kv_cache_dtype(value: str | None, flag: str = "--kv-cache-dtype") ->
         )
         fix = ""
     raise Ernie55ArgumentError(flag, value, KV_CACHE_DTYPES, why, fix)
+
+
+def _fp8_unfit(config: object) -> str:
+    if config is None:
+        return ""
+    from ..kernels.layout import fp8_unfit
+
+    return fp8_unfit(config)
+
+
+def check_kv_cache_geometry(dtype: str, flag: str, config: object) -> None:
+    """An fp8_e4m3 KV cache asked for by name must fit the checkpoint's widths; else the error names the
+    config.json field, its value, the rule, and bfloat16 as the dtype that serves it."""
+    unfit = _fp8_unfit(config) if dtype == "fp8_e4m3" else ""
+    if unfit:
+        fix = f"Use {flag} bfloat16 (or leave {flag} out: the default serves this checkpoint in bfloat16)."
+        raise Ernie55ArgumentError(
+            flag, dtype, "bfloat16 (for this checkpoint)", f"this checkpoint's {unfit}.", fix
+        )
 
 
 def attention_tp_size(tp: int, attn_dp: int, attn_cp: int) -> float:
@@ -326,7 +360,10 @@ ERNIE55_FLAG_RULES: tuple[FlagRule, ...] = (
     FlagRule("`--kv-cache-dtype` (and `--speculative-draft-kv-cache-dtype`)",
              "default / `auto` -> `fp8_e4m3` (logged; vLLM's `auto` means BF16); `bf16` -> `bfloat16` (logged); "
              "`fp8_e4m3`, `bfloat16` kept; vLLM's `fp8` and every other dtype: error naming the legal values "
-             "(on the CLI argparse already refuses `fp8`)"),
+             "(on the CLI argparse already refuses `fp8`). A checkpoint whose widths the fp8 layouts cannot tile "
+             "(HCA `head_dim - qk_rope_head_dim` not a multiple of 64, MLA-DSA `kv_lora_rank` not a multiple "
+             "of 128): default / `auto` -> `bfloat16` (logged with the field), `fp8_e4m3`: error naming the "
+             "field"),
     FlagRule("`--tp`, `--attn-dp-size`, `--attn-cp-size`",
              "attention TP = tp / attn_dp / attn_cp must divide 8 (o_groups); else error with the computed "
              "attention TP and the nearest legal settings (`--tp 16 --attn-dp-size 2` is legal)"),

@@ -66,9 +66,15 @@ def make_checkpoint(
     device: str = "cpu",
     force: bool = False,
     progress: ProgressFn | None = None,
+    config: Ernie55Config | None = None,
 ) -> Path:
-    """Write a random checkpoint of `preset` in format `dtype` (bf16 | fp8) to `out`; returns the path."""
-    config = preset_config(preset, layers)
+    """Write a random checkpoint of `preset` in format `dtype` (bf16 | fp8) to `out`; returns the path.
+
+    `config`: any geometry in place of the preset's (e.g. `tiny_config(window_size=64, ...)`); the preset
+    then only picks the defaults of `init` and the shard size, and `layers` must be left out."""
+    if config is not None and layers is not None:
+        raise ValueError("give either `config` or `layers` (the config already fixes the layer stack)")
+    config = preset_config(preset, layers) if config is None else config
     init = init or DEFAULT_INIT[preset]
     if init not in INITS:
         raise ValueError(f"init must be one of {INITS}, got {init!r}")

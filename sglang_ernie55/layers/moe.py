@@ -26,6 +26,7 @@ from sglang.srt.layers.moe.utils import sum_post_experts_output
 from sglang.srt.runtime_context import get_parallel
 from torch import nn
 
+from ..configuration import checkpoint_config
 from .impl import use_kernels
 from .linear import FP8_BLOCK, linear_quant_config
 
@@ -83,14 +84,20 @@ class Ernie55LatentMoE(nn.Module):
         # sum_post_experts_output owes or skips the routed sums, and the shared expert reduces its own output.
         par = get_parallel()
         self.one_reduce = par.tp_size > 1 and par.moe_ep_size == 1 and get_moe_a2a_backend().is_none()
-        self.experts_quantized = quant_config is not None and inter % FP8_BLOCK == 0 and L % FP8_BLOCK == 0
+        # FP8 experts only where the checkpoint's own 128x128 blocks tile them: decided on config.json's width,
+        # not on the width SGLang's CPU runner may have padded `inter` to (those get dequantized on load)
+        stored = checkpoint_config(config).moe_intermediate_size
+        self.experts_quantized = quant_config is not None and stored % FP8_BLOCK == 0 and L % FP8_BLOCK == 0
         self.experts = FusedMoE(
             num_experts=E, top_k=self.topk, layer_id=layer_id, hidden_size=L, intermediate_size=inter,
             quant_config=quant_config if self.experts_quantized else None, prefix=_p("experts", prefix),
         )  # fmt: skip
         self.shared_experts = (
             Ernie55SwiGLU(
-                H, config.shared_expert_intermediate_size, quant_config, _p("shared_experts", prefix),
+                H,
+                config.shared_expert_intermediate_size,
+                quant_config,
+                _p("shared_experts", prefix),
                 reduce_results=not self.one_reduce,
             )
             if config.n_shared_experts

@@ -18,7 +18,7 @@ from sglang.srt.layers.vocab_parallel_embedding import ParallelLMHead, VocabPara
 from torch import nn
 
 from ..checkpoint.fp8 import dequantize_fp8_block
-from ..configuration import LAYER_HCA, Ernie55Config
+from ..configuration import LAYER_HCA, Ernie55Config, checkpoint_config
 from ..layers.attention import Ernie55HCAAttention, Ernie55MLADSAAttention, RopeTable, norm_fp32
 from ..layers.impl import check_layer_impl
 from ..layers.mhc import HyperConnection, HyperHead
@@ -180,13 +180,24 @@ class Ernie5_5_MoeForCausalLM(nn.Module):
         present exactly once, every parameter loaded; else Ernie55WeightError naming them all."""
         from ..checkpoint.spec import KIND_FP8, expected_tensors, scale_shape
 
-        spec = expected_tensors(self.config)
         fp8 = self.quant_config is not None
-        want: dict[str, tuple] = {}
-        for n, (shape, kind) in spec.items():
-            want[n] = shape
-            if fp8 and kind == KIND_FP8:
-                want[n + self._SCALE_SUFFIX] = scale_shape(shape)
+
+        def shapes(config) -> dict[str, tuple]:
+            out = {}
+            for n, (shape, kind) in expected_tensors(config).items():
+                out[n] = tuple(shape)
+                if fp8 and kind == KIND_FP8:
+                    out[n + self._SCALE_SUFFIX] = scale_shape(shape)
+            return out
+
+        # Checkpoint tensors are checked against config.json's widths (`want`). On `--device cpu` SGLang pads the
+        # MoE / FFN widths of the served config (`checkpoint_config`), so some parameters are wider (`served`):
+        # such a tensor is zero-padded at its end to the served shape before its parameter's loader sees it,
+        # which is what SGLang's padded CPU loaders do (the real values first, zeros after; SwiGLU rows and
+        # columns of zeros add nothing) and works whichever loader branch SGLang takes.
+        stored = checkpoint_config(self.config)
+        want = shapes(stored)
+        served = want if stored is self.config else shapes(self.config)
         params = dict(self.named_parameters())
         loads: Counter[str] = Counter()
         seen: set[str] = set()
@@ -194,6 +205,11 @@ class Ernie5_5_MoeForCausalLM(nn.Module):
         errors: list[str] = []
 
         def put(ckpt_name: str, tensor: torch.Tensor) -> None:
+            width = served.get(ckpt_name, tuple(tensor.shape))
+            if width != tuple(tensor.shape):
+                padded = tensor.new_zeros(width)
+                padded[tuple(slice(0, n) for n in tensor.shape)] = tensor
+                tensor = padded
             pname, moe = self.checkpoint_to_param(ckpt_name)
             param = params.get(pname)
             if param is None:

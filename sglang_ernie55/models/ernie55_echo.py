@@ -31,7 +31,7 @@ from sglang.srt.layers.logits_processor import LogitsProcessor
 from torch import nn
 
 from ..checkpoint.fp8 import dequantize_fp8_block
-from ..configuration import ARCH_MAIN, Ernie55Config
+from ..configuration import ARCH_MAIN, Ernie55Config, checkpoint_config
 from ..layers.attention import norm_fp32
 
 ECHO_PREFIX = "echo."
@@ -209,7 +209,8 @@ class Ernie5_5MoeMTPModel(nn.Module):
         owns it); every draft parameter loaded. Else Ernie55EchoWeightError listing every problem."""
         from ..checkpoint.spec import KIND_FP8, expected_tensors, scale_shape
 
-        spec = expected_tensors(self.config)
+        # names only; the widths as config.json gives them (SGLang's CPU runner may pad the served config)
+        spec = expected_tensors(checkpoint_config(self.config))
         legal = set(spec) | {n + SCALE_SUFFIX for n, (_, kind) in spec.items() if kind == KIND_FP8}
         params = dict(self.named_parameters())
         loaded: dict[str, int] = {p: 0 for p in params}
