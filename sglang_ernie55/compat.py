@@ -61,6 +61,10 @@ REQUIRED_SYMBOLS: list[tuple[str, str, tuple[str, ...] | None]] = [
     ("sglang.srt.model_executor.pool_configurator", "create_memory_pool_configurator", ("kvc",)),
     ("sglang.srt.model_executor.pool_configurator", "MemoryPoolConfigurator.calculate_pool_sizes",
      ("available_bytes", "page_size")),
+    # what the pool sizing charges besides our pools: SGLang's request count and request-table headroom
+    ("sglang.srt.mem_cache.kv_cache_configurator", "KVCacheConfigurator.resolve_max_num_reqs", ("token_capacity",)),
+    ("sglang.srt.mem_cache.allocation_sizing", "get_req_to_token_extra_context_len", ()),
+    ("sglang.srt.runtime_context", "get_disagg", ()),
     (
         "sglang.srt.mem_cache.kv_cache_configurator",
         "KVCacheConfigurator._build_token_to_kv_pool",

@@ -27,16 +27,9 @@ import logging
 import torch
 from sglang.srt.mem_cache.base_swa_memory_pool import BaseSWAKVPool
 
-from ..configuration import LAYER_HCA
-from ..kernels.layout import (
-    HCA_STATE_BLOCKS,
-    HCA_STATE_BLOCKS_SPEC,
-    KVLayout,
-    hca_geometry,
-    idx_geometry,
-    mla_geometry,
-)
+from ..kernels.layout import HCA_STATE_BLOCKS, KVLayout
 from ..reference import kernels_ref as kref
+from .sizing import DENSE_KV, Buffer, PoolLayout
 
 logger = logging.getLogger(__name__)
 POOL_LOG = "ERNIE-5.5 KV pool:"
@@ -47,19 +40,17 @@ def is_fp8(dtype: torch.dtype) -> bool:
 
 
 class PackedRows:
-    """Token rows in one paged uint8 pool with the byte layout of `sglang_ernie55.kernels.layout`
-    (`Geometry`): what helper-4's Triton kernels (kv_store, sparse attention, compression) read and
-    write. Stage 1 encodes / decodes with their byte-exact torch twins (`reference.kernels_ref`), which
-    have static shapes (CUDA-graph safe)."""
+    """Token rows in one paged uint8 pool with the byte layout of `sglang_ernie55.kernels.layout` (`Geometry`),
+    read and written here through the byte-exact torch codecs of `reference.kernels_ref` (static shapes,
+    CUDA-graph safe); the Triton kernels read and write the same bytes."""
 
-    def __init__(self, geom, rows: int, device):
-        self.geom = geom
-        self.rows = rows
-        self.num_pages = -(-rows // geom.page_size)
-        self.pool = geom.alloc(self.num_pages, device=device)
-        self.width = (
-            geom.dim + geom.rope if geom.layout in (KVLayout.MLA_FP8, KVLayout.MLA_BF16) else geom.dim
-        )
+    def __init__(self, buf: Buffer, device):
+        self.geom = buf.geom
+        self.rows = buf.rows
+        self.pool = buf.alloc(device)
+        self.num_pages = self.pool.shape[0]
+        g = self.geom
+        self.width = g.dim + g.rope if g.layout in (KVLayout.MLA_FP8, KVLayout.MLA_BF16) else g.dim
 
     def buffers(self) -> list[torch.Tensor]:
         return [self.pool]
@@ -74,12 +65,12 @@ class PackedRows:
 
 
 class DenseRows:
-    """Unquantized rows (fp32 or bf16) in a plain [rows, width] tensor: the exactness-test storage
-    (a pool built with dtype float32), never what `--kv-cache-dtype` selects."""
+    """Unquantized fp32 rows in a plain [rows, width] tensor: the exactness-test storage (a pool built with dtype
+    float32), never what `--kv-cache-dtype` selects."""
 
-    def __init__(self, rows: int, width: int, device, dtype: torch.dtype = torch.float32):
-        self.rows, self.width = rows, width
-        self.data = torch.zeros(rows, width, dtype=dtype, device=device)
+    def __init__(self, buf: Buffer, device):
+        self.data = buf.alloc(device)
+        self.rows, self.width = self.data.shape
 
     def buffers(self) -> list[torch.Tensor]:
         return [self.data]
@@ -89,6 +80,11 @@ class DenseRows:
 
     def read(self, loc: torch.Tensor) -> torch.Tensor:
         return self.data[loc.reshape(-1).long()].float().view(*loc.shape, self.width)
+
+
+def rows_of(buf: Buffer, device):
+    """The row store of one pool buffer: packed layout or dense fp32."""
+    return PackedRows(buf, device) if buf.geom is not None else DenseRows(buf, device)
 
 
 class OwnRowsKVSurface:
@@ -201,24 +197,17 @@ class Ernie55TokenToKVPool(SWAWindowAddressing, OwnRowsKVSurface, BaseSWAKVPool)
         super().__init__(size, page_size, dtype, config.num_hidden_layers, device, enable_memory_saver,
                          start_layer, end_layer)  # fmt: skip
         c = config
-        if page_size % c.compress_ratio:
-            raise ValueError(f"page size {page_size} must be a multiple of compress_ratio {c.compress_ratio}")
-        fp8 = is_fp8(dtype)
-        dense = dtype == torch.float32  # exactness tests only
-        kv = "fp8_e4m3" if fp8 else "bfloat16"
-        self.config, self.fp8, self.kv_dtype, self.dense = config, fp8, kv, dense
+        self.layout = PoolLayout(c, dtype, page_size, state_blocks)
+        self.config, self.fp8 = config, is_fp8(dtype)
+        self.dense = self.layout.kv == DENSE_KV  # exactness tests only
+        self.kv_dtype = "fp8_e4m3" if self.fp8 else "bfloat16"
         self.ratio, self.window = c.compress_ratio, c.window_size
-        self.token_rows = size + page_size
+        self.token_rows = self.layout.token_rows(size)
         self.window_rows = self._init_window_addressing(size, page_size, swa_size)
-        cmp_page = page_size // self.ratio
-        # + one scratch entry (padded CUDA-graph rows write there), rounded up to whole compressed pages
-        self.cmp_rows = -(-(self.token_rows // self.ratio + 1) // cmp_page) * cmp_page
-        self.cmp_scratch = self.cmp_rows - 1
-        if state_blocks not in (HCA_STATE_BLOCKS, HCA_STATE_BLOCKS_SPEC):
-            raise ValueError(f"state_blocks must be {HCA_STATE_BLOCKS} or {HCA_STATE_BLOCKS_SPEC} (speculative), "
-                             f"got {state_blocks}")  # fmt: skip
+        self.cmp_rows = self.layout.cmp_rows(size)
+        self.cmp_scratch = self.cmp_rows - 1  # padded CUDA-graph rows write their entries there
         self.state_blocks = state_blocks
-        self.state_ring = state_blocks * self.ratio  # rows per request slot; token p at row p % state_ring
+        self.state_ring = self.layout.state_ring  # rows per request slot; token p at row p % state_ring
         self.num_req_slots = num_req_slots
         self.state_scratch = num_req_slots  # + scratch slot
         self.win: dict = {}
@@ -226,28 +215,17 @@ class Ernie55TokenToKVPool(SWAWindowAddressing, OwnRowsKVSurface, BaseSWAKVPool)
         self.state: dict[int, torch.Tensor] = {}
         self.latent: dict = {}
         self.index_k: dict = {}
-        D, r, R, dI = c.head_dim, c.qk_rope_head_dim, c.kv_lora_rank, c.index_head_dim
-        for lid, kind in enumerate(c.layer_types):
-            if kind == LAYER_HCA:
-                if dense:
-                    self.win[lid] = DenseRows(self.window_rows, D, device)
-                    self.cmp[lid] = DenseRows(self.cmp_rows, D, device)
-                else:
-                    self.win[lid] = PackedRows(hca_geometry(kv, D, r, page_size), self.window_rows, device)
-                    self.cmp[lid] = PackedRows(hca_geometry(kv, D, r, cmp_page), self.cmp_rows, device)
-                self.state[lid] = torch.zeros(num_req_slots + 1, self.state_ring, 2 * D, dtype=torch.float32,
-                                              device=device)  # fmt: skip
-            elif dense:
-                self.latent[lid] = DenseRows(self.token_rows, R + r, device)
-                self.index_k[lid] = DenseRows(self.token_rows, dI, device)
+        stores = {"window": self.win, "compressed": self.cmp, "latent": self.latent, "index": self.index_k}
+        for buf in self.layout.buffers(size, swa_size, num_req_slots):
+            if buf.name == "state":
+                self.state[buf.layer] = buf.alloc(device)
             else:
-                self.latent[lid] = PackedRows(mla_geometry(kv, R, r, page_size), self.token_rows, device)
-                self.index_k[lid] = PackedRows(idx_geometry(kv, dI, page_size), self.token_rows, device)
+                stores[buf.name][buf.layer] = rows_of(buf, device)
         self._finalize_allocation_log(size)
         logger.info(
             f"{POOL_LOG} full_tokens={size} swa_tokens={self.swa_size if self.is_hybrid_swa else None} "
             f"window_rows={self.window_rows} hca_layers={len(self.win)} mla_layers={len(self.latent)} "
-            f"kv={kv if not dense else 'float32'} bytes={self.get_kv_size_bytes()}"
+            f"kv={self.layout.kv} bytes={self.get_kv_size_bytes()}"
         )
 
     # ------------------------------------------------------------------ SGLang KVCache surface

@@ -1,121 +1,231 @@
-"""KV-pool sizing arithmetic of ERNIE-5.5 (docs/serving-design.md section 4), and the configurator
-SGLang's `KVCacheConfigurator` uses for our architecture.
+"""KV-pool sizing of ERNIE-5.5: the one buffer list the pools allocate and the configurator sizes from.
 
-Two token pools, as SGLang's hybrid-SWA configurators size them (DSV4PoolConfigurator's ratio mode):
-the full pool (`full_tokens`: MLA-DSA latents + indexer keys, compressed HCA entries) and the SWA pool
-(`swa_tokens = floor(full_tokens * swa_full_tokens_ratio)` to whole pages: the HCA window rows, and the
-ECHO draft's window rows when speculating). Bytes per full-pool token:
-
-    n_hca * (swa_ratio * window_row + cmp_row / compress_ratio) + n_mla * (latent_row + index_row)
-      + swa_ratio * draft_row
-
-(rows = page bytes / tokens per page of the kernels/layout.py geometries, page padding included). Fixed
-bytes: the open-block state, `(req_slots + 1) * n_hca * state_blocks * compress_ratio * 2 * head_dim * 4`
-(state_blocks 2 under speculative decoding: kernels/layout.py, docs/echo.md section 5.4). Without an SWA
-pool (`--disable-hybrid-swa-memory`) the window rows sit at every full slot: swa_ratio = 1.
+`PoolLayout.buffers(full, swa, req_slots)` lists every tensor of `Ernie55TokenToKVPool` (and of the ECHO
+draft pool when speculating); the pools allocate exactly that list, and `Ernie55PoolConfigurator` picks the
+largest full-pool token count whose buffers, plus what SGLang allocates alongside them for that count (the
+request-to-token table, the SWA allocator's index map and free lists), fit the byte budget SGLang measured.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-from dataclasses import dataclass
+
+import torch
 
 from ..configuration import LAYER_HCA
+from ..kernels.layout import (
+    HCA_STATE_BLOCKS,
+    HCA_STATE_BLOCKS_SPEC,
+    Geometry,
+    hca_geometry,
+    idx_geometry,
+    mla_geometry,
+)
 
 logger = logging.getLogger(__name__)
 
 FP8_KV = "fp8_e4m3"
 BF16_KV = "bfloat16"
+DENSE_KV = "float32"  # exactness tests only: unquantised rows, never what --kv-cache-dtype selects
 KV_DTYPES = (FP8_KV, BF16_KV)
 SIZING_LOG = "ERNIE-5.5 pool sizing:"
+# The CUDA caching allocator rounds every large block up to 2 MiB: charged once per buffer.
+ALLOC_ROUNDING = 2 << 20
 
 
-def normalize_kv_dtype(name: str) -> str:
-    """SGLang's `--kv-cache-dtype` value (or torch dtype name) -> fp8_e4m3 | bfloat16."""
+def normalize_kv_dtype(name) -> str:
+    """SGLang's `--kv-cache-dtype` value (or torch dtype) -> fp8_e4m3 | bfloat16 | float32 (dense test pools)."""
     n = str(name).replace("torch.", "")
     if n in ("fp8_e4m3", "float8_e4m3fn", "uint8"):
         return FP8_KV
     if n in ("bfloat16", "bf16"):
         return BF16_KV
+    if n == "float32":
+        return DENSE_KV
     raise ValueError(f"ERNIE-5.5 KV cache dtype must be fp8_e4m3 or bfloat16, got {name!r}")
 
 
-@dataclass(frozen=True)
-class KVBytes:
-    """Bytes per token of each buffer (page bytes / tokens per page, page padding included)."""
+@dataclasses.dataclass(frozen=True)
+class Buffer:
+    """One tensor of a pool: `rows` token rows in a packed layout (`geom`: [pages, page_bytes] uint8), or
+    `shape` of `dtype` (dense rows, the open-block state)."""
 
-    window_row: float  # per SWA token, per HCA layer
-    cmp_row: float  # per compressed entry, per HCA layer
-    latent_row: float  # per full token, per MLA-DSA layer
-    index_row: float
-    state_per_slot: int  # all HCA layers
-    n_hca: int
-    n_mla: int
-    ratio: int
-    draft_row: float = 0.0  # per SWA token: the ECHO draft's one window layer (0 without speculation)
+    name: str
+    layer: int
+    rows: int
+    geom: Geometry | None = None
+    shape: tuple[int, ...] = ()
+    dtype: torch.dtype = torch.uint8
+
+    @property
+    def tensor_shape(self) -> tuple[int, ...]:
+        if self.geom is not None:
+            return (-(-self.rows // self.geom.page_size), self.geom.page_bytes)
+        return self.shape
+
+    @property
+    def nbytes(self) -> int:
+        n = 1
+        for d in self.tensor_shape:
+            n *= d
+        return n * (1 if self.geom is not None else torch.empty((), dtype=self.dtype).element_size())
+
+    def alloc(self, device) -> torch.Tensor:
+        return torch.zeros(
+            self.tensor_shape, dtype=torch.uint8 if self.geom is not None else self.dtype, device=device
+        )
+
+
+class PoolLayout:
+    """The buffers of the ERNIE-5.5 pools at one geometry (config, KV dtype, page size, open-block state ring,
+    ECHO draft or not), and their bytes per token for the planner."""
+
+    def __init__(
+        self, config, kv_dtype, page_size: int = 256, state_blocks: int = HCA_STATE_BLOCKS, echo: bool = False
+    ):
+        if state_blocks not in (HCA_STATE_BLOCKS, HCA_STATE_BLOCKS_SPEC):
+            raise ValueError(
+                f"state_blocks must be {HCA_STATE_BLOCKS} or {HCA_STATE_BLOCKS_SPEC} (speculative), "
+                f"got {state_blocks}"
+            )
+        c = config
+        if page_size % c.compress_ratio:
+            raise ValueError(f"page size {page_size} must be a multiple of compress_ratio {c.compress_ratio}")
+        self.config, self.kv, self.page_size, self.state_blocks = (
+            c,
+            normalize_kv_dtype(kv_dtype),
+            page_size,
+            state_blocks,
+        )
+        self.ratio, self.echo = c.compress_ratio, echo
+        self.hca = [i for i, t in enumerate(c.layer_types) if t == LAYER_HCA]
+        self.mla = [i for i, t in enumerate(c.layer_types) if t != LAYER_HCA]
+        self.n_hca, self.n_mla = len(self.hca), len(self.mla)
+        D, r, R, dI = c.head_dim, c.qk_rope_head_dim, c.kv_lora_rank, c.index_head_dim
+        self.widths = {
+            "window": D,
+            "compressed": D,
+            "latent": R + r,
+            "index": dI,
+            "draft": D if c.layer_types[-1] == LAYER_HCA else R + r,
+        }
+        if self.kv == DENSE_KV:
+            self.geoms = dict.fromkeys(self.widths)
+        else:
+            kv, cmp_page = self.kv, page_size // self.ratio
+            self.geoms = {
+                "window": hca_geometry(kv, D, r, page_size),
+                "compressed": hca_geometry(kv, D, r, cmp_page),
+                "latent": mla_geometry(kv, R, r, page_size),
+                "index": idx_geometry(kv, dI, page_size),
+            }
+            self.geoms["draft"] = self.geoms["window" if c.layer_types[-1] == LAYER_HCA else "latent"]
+        self.state_ring = state_blocks * self.ratio
+        self.state_width = 2 * D
+
+    # ------------------------------------------------------------------ rows
+    def token_rows(self, full: int) -> int:
+        return full + self.page_size  # + SGLang's padding page
+
+    def window_rows(self, full: int, swa: int | None) -> int:
+        return (full if swa is None else swa) + self.page_size
+
+    def cmp_rows(self, full: int) -> int:
+        """Compressed entries: one per block of the full pool, + one scratch entry (padded CUDA-graph rows write
+        there), rounded up to whole compressed pages."""
+        cmp_page = self.page_size // self.ratio
+        return -(-(self.token_rows(full) // self.ratio + 1) // cmp_page) * cmp_page
+
+    def _rows(self, name: str, layer: int, rows: int) -> Buffer:
+        g = self.geoms[name]
+        if g is None:
+            return Buffer(name, layer, rows, shape=(rows, self.widths[name]), dtype=torch.float32)
+        return Buffer(name, layer, rows, geom=g)
+
+    def buffers(self, full: int, swa: int | None, req_slots: int) -> list[Buffer]:
+        """The target pool's tensors for `full` full-pool tokens, `swa` SWA tokens (None: no SWA pool, the
+        window rows at every full slot) and `req_slots` request slots (+ one scratch slot of state)."""
+        out = []
+        for lid in self.hca:
+            out.append(self._rows("window", lid, self.window_rows(full, swa)))
+            out.append(self._rows("compressed", lid, self.cmp_rows(full)))
+            out.append(
+                Buffer(
+                    "state",
+                    lid,
+                    req_slots + 1,
+                    shape=(req_slots + 1, self.state_ring, self.state_width),
+                    dtype=torch.float32,
+                )
+            )
+        for lid in self.mla:
+            out.append(self._rows("latent", lid, self.token_rows(full)))
+            out.append(self._rows("index", lid, self.token_rows(full)))
+        return out
+
+    def draft_buffers(self, full: int, swa: int | None) -> list[Buffer]:
+        """The ECHO draft pool: the last layer's window rows, at the target's window addressing."""
+        return [self._rows("draft", self.config.num_hidden_layers - 1, self.window_rows(full, swa))]
+
+    def allocated(self, full: int, swa: int | None, req_slots: int) -> int:
+        """Bytes of the target pool (and the draft pool when `echo`)."""
+        bufs = self.buffers(full, swa, req_slots) + (self.draft_buffers(full, swa) if self.echo else [])
+        return sum(b.nbytes for b in bufs)
+
+    def num_buffers(self) -> int:
+        return 3 * self.n_hca + 2 * self.n_mla + int(self.echo)
+
+    # ------------------------------------------------------------------ bytes per token (planner, logs)
+    def _per_token(self, name: str) -> float:
+        g = self.geoms[name]
+        return 4.0 * self.widths[name] if g is None else g.page_bytes / g.page_size
+
+    @property
+    def window_row(self) -> float:
+        return self._per_token("window")
+
+    @property
+    def cmp_row(self) -> float:
+        return self._per_token("compressed")
+
+    @property
+    def latent_row(self) -> float:
+        return self._per_token("latent")
+
+    @property
+    def index_row(self) -> float:
+        return self._per_token("index")
+
+    @property
+    def draft_row(self) -> float:
+        return self._per_token("draft") if self.echo else 0.0
+
+    @property
+    def state_per_slot(self) -> int:
+        return self.n_hca * self.state_ring * self.state_width * 4
 
     def per_swa_token(self) -> float:
         return self.n_hca * self.window_row + self.draft_row
 
     def per_full_token(self, swa_ratio: float = 1.0) -> float:
-        return (swa_ratio * self.per_swa_token() + self.n_hca * self.cmp_row / self.ratio
-                + self.n_mla * (self.latent_row + self.index_row))  # fmt: skip
-
-    def allocated(self, full_tokens: int, swa_tokens: int | None, req_slots: int, page_size: int = 256) -> int:
-        """Exact bytes `Ernie55TokenToKVPool(full_tokens, swa_size=swa_tokens, num_req_slots=req_slots)` (and
-        the ECHO draft pool when `draft_row`) allocate in a packed (fp8 / bf16) layout: every token buffer
-        has one padding page; the compressed buffer one scratch entry, rounded to whole compressed pages."""
-        rows = full_tokens + page_size
-        win_rows = (full_tokens if swa_tokens is None else swa_tokens) + page_size
-        cmp_page = page_size // self.ratio
-        cmp_rows = -(-(rows // self.ratio + 1) // cmp_page) * cmp_page
-        total = (win_rows * self.per_swa_token() + self.n_hca * cmp_rows * self.cmp_row
-                 + self.n_mla * rows * (self.latent_row + self.index_row)
-                 + (req_slots + 1) * self.state_per_slot)  # fmt: skip
-        return round(total)
+        return (
+            swa_ratio * self.per_swa_token()
+            + self.n_hca * self.cmp_row / self.ratio
+            + self.n_mla * (self.latent_row + self.index_row)
+        )
 
 
 def state_blocks_for(spec_algorithm) -> int:
     """Blocks of the HCA open-block state ring: 2 when the server verifies speculative drafts (any SGLang
     `SpeculativeAlgorithm` other than NONE), else 1."""
-    from ..kernels.layout import HCA_STATE_BLOCKS, HCA_STATE_BLOCKS_SPEC
-
     speculative = spec_algorithm is not None and not spec_algorithm.is_none()
     return HCA_STATE_BLOCKS_SPEC if speculative else HCA_STATE_BLOCKS
 
 
-def kv_bytes(config, kv_dtype: str, page_size: int = 256, echo: bool = False, state_blocks: int = 1) -> KVBytes:
-    """From the byte layouts of `sglang_ernie55.kernels.layout` at this config's widths; `echo` adds the ECHO
-    draft's window row (the target's last layer: its window layout if HCA, its latent layout if MLA-DSA,
-    = `speculative.pool.echo_bytes_per_token`); `state_blocks` is the open-block state ring (`state_blocks_for`)."""
-    from ..kernels.layout import hca_geometry, idx_geometry, mla_geometry
-
-    c = config
-    kv = normalize_kv_dtype(kv_dtype)
-    n_hca = sum(t == LAYER_HCA for t in c.layer_types)
-    n_mla = len(c.layer_types) - n_hca
-    D, r = c.head_dim, c.qk_rope_head_dim
-    per = lambda g: g.page_bytes / g.page_size  # noqa: E731
-    window_row = per(hca_geometry(kv, D, r, page_size))
-    latent_row = per(mla_geometry(kv, c.kv_lora_rank, r, page_size))
-    draft_row = (window_row if c.layer_types[-1] == LAYER_HCA else latent_row) if echo else 0.0
-    return KVBytes(
-        window_row=window_row,
-        cmp_row=per(hca_geometry(kv, D, r, page_size // c.compress_ratio)),
-        latent_row=latent_row,
-        index_row=per(idx_geometry(kv, c.index_head_dim, page_size)),
-        state_per_slot=n_hca * state_blocks * c.compress_ratio * 2 * D * 4,
-        n_hca=n_hca, n_mla=n_mla, ratio=c.compress_ratio, draft_row=draft_row,
-    )  # fmt: skip
-
-
-def pool_tokens(
-    available_bytes: int, b: KVBytes, page_size: int, req_slots: int, swa_ratio: float = 1.0
-) -> int:
-    """Full-pool tokens (page aligned) that fit `available_bytes` after the fixed state of `req_slots`."""
-    rest = available_bytes - (req_slots + 1) * b.state_per_slot
-    tokens = int(max(rest, 0) // b.per_full_token(swa_ratio))
-    return tokens // page_size * page_size
+def kv_bytes(config, kv_dtype, page_size: int = 256, echo: bool = False, state_blocks: int = 1) -> PoolLayout:
+    """The pools' layout at this config (the planner's and the configurator's bytes per token)."""
+    return PoolLayout(config, kv_dtype, page_size, state_blocks, echo)
 
 
 def swa_tokens_for(full_tokens: int, swa_ratio: float, page_size: int) -> int:
@@ -123,49 +233,143 @@ def swa_tokens_for(full_tokens: int, swa_ratio: float, page_size: int) -> int:
     return int(full_tokens * swa_ratio) // page_size * page_size
 
 
+@dataclasses.dataclass(frozen=True)
+class SGLangSide:
+    """What SGLang allocates on the device next to our pools, for a given pool size (kv_cache_configurator):
+    the request-to-token table ([max requests + 1 (+ PD decode slots), context + headroom] int32), the SWA
+    allocator's full->SWA index map ([full + page + 1] int64) and the paged allocators' free-page lists."""
+
+    context_len: int  # model context length + SGLang's row headroom
+    extra_req_slots: int  # PD decode pre-allocated slots
+    hybrid: bool
+    page_size: int
+
+    def req_to_token_bytes(self, max_reqs: int) -> int:
+        return (max_reqs + self.extra_req_slots + 1) * self.context_len * 4
+
+    def allocator_bytes(self, full: int, swa: int | None) -> int:
+        pages = full // self.page_size + (swa // self.page_size if swa is not None else 0)
+        mapping = (full + self.page_size + 1) if self.hybrid else 0
+        return 8 * (mapping + pages)
+
+
+def fit_full_tokens(budget: int, cost, page_size: int) -> int:
+    """Largest page-aligned full-pool token count n >= 0 with cost(n) <= budget (cost increasing in n)."""
+    if cost(0) > budget:
+        return 0
+    lo, hi = 0, page_size
+    while cost(hi) <= budget:
+        lo, hi = hi, hi * 2
+    while hi - lo > page_size:
+        mid = (lo + hi) // 2 // page_size * page_size
+        lo, hi = (mid, hi) if cost(mid) <= budget else (lo, mid)
+    return lo
+
+
 def _make_configurator():
+    from sglang.srt.mem_cache.allocation_sizing import get_req_to_token_extra_context_len
     from sglang.srt.model_executor.pool_configurator import MemoryPoolConfig, MemoryPoolConfigurator
-    from sglang.srt.runtime_context import get_schedule
+    from sglang.srt.runtime_context import get_disagg, get_schedule
 
     class Ernie55PoolConfigurator(MemoryPoolConfigurator):
-        """Sizes `Ernie55TokenToKVPool`: full + SWA token counts in hybrid mode (SGLang's
+        """Sizes `Ernie55TokenToKVPool` (+ the ECHO draft pool): full + SWA token counts in hybrid mode (SGLang's
         `SWATokenToKVPoolAllocator` and SWA radix cache), one token count without an SWA pool."""
-
-        DEFAULT_REQ_SLOTS = 4096  # SGLang's resolve_max_num_reqs never exceeds this without a user cap
 
         def __init__(self, kvc):
             spec = getattr(kvc, "spec_algorithm", None)
             speculating = spec is not None and not spec.is_none() and not kvc.is_draft_worker
-            self.bytes = kv_bytes(kvc.model_config.hf_config, kvc.kv_cache_dtype_str or str(kvc.kv_cache_dtype),
-                                  echo=speculating, state_blocks=state_blocks_for(spec))  # fmt: skip
+            kv = kvc.kv_cache_dtype_str or str(kvc.kv_cache_dtype)
+            self.layout = PoolLayout(
+                kvc.model_config.hf_config, kv, echo=speculating, state_blocks=state_blocks_for(spec)
+            )
             self.hybrid = bool(kvc.is_hybrid_swa)
             self.swa_ratio = float(get_schedule().swa_full_tokens_ratio) if self.hybrid else 1.0
             self.sliding_window_size = kvc.sliding_window_size
-            cap = get_schedule().max_running_requests
-            self.req_slots = int(cap) if cap else self.DEFAULT_REQ_SLOTS
-
-        def _config(self, full_tokens: int, page_size: int, source: str):
-            full = full_tokens // page_size * page_size
-            per_full = self.bytes.per_full_token(self.swa_ratio)
-            if not self.hybrid:
-                logger.info(f"{SIZING_LOG} mode=full-only ({source}) full_tokens={full} swa_tokens=None "
-                            f"bytes_per_full_token={per_full:.1f}")  # fmt: skip
-                return MemoryPoolConfig(max_total_num_tokens=full)
-            swa = swa_tokens_for(full, self.swa_ratio, page_size)
-            self.validate_swa_pool_size(swa, self.sliding_window_size, page_size)
-            logger.info(
-                f"{SIZING_LOG} mode=hybrid-swa ({source}) full_tokens={full} swa_tokens={swa} "
-                f"swa_full_tokens_ratio={self.swa_ratio} bytes_per_full_token={per_full:.1f} "
-                f"bytes_per_swa_token={self.bytes.per_swa_token():.1f} req_slots={self.req_slots}"
+            # the CUDA caching allocator's rounding, per buffer (none on CPU)
+            self.rounding = ALLOC_ROUNDING if str(getattr(kvc, "device", "cpu")).startswith("cuda") else 0
+            self.max_reqs = kvc.resolve_max_num_reqs  # SGLang's rule, from the pool's token count
+            disagg = get_disagg()
+            decode = disagg.disaggregation_mode == "decode" or getattr(disagg, "enable_pd_role_switch", False)
+            self.sglang = SGLangSide(
+                context_len=kvc.model_config.context_len + get_req_to_token_extra_context_len(),
+                extra_req_slots=(disagg.disaggregation_decode_extra_slots or 0) if decode else 0,
+                hybrid=self.hybrid,
+                page_size=256,
             )
-            return MemoryPoolConfig(max_total_num_tokens=full, full_max_total_num_tokens=full,
-                                    swa_max_total_num_tokens=swa)  # fmt: skip
+
+        def _swa(self, full: int, page_size: int) -> int | None:
+            return swa_tokens_for(full, self.swa_ratio, page_size) if self.hybrid else None
+
+        def planned_bytes(self, full: int, page_size: int) -> dict[str, int]:
+            """Device bytes a pool of `full` tokens brings with it, by owner."""
+            swa = self._swa(full, page_size)
+            reqs = self._quiet_max_reqs(max(full, page_size))
+            return {
+                "pool": self.layout.allocated(full, swa, reqs + self.sglang.extra_req_slots + 1),
+                "req_to_token": self.sglang.req_to_token_bytes(reqs),
+                "allocator": self.sglang.allocator_bytes(full, swa),
+                "rounding": self.rounding * (self.layout.num_buffers() + 3),
+            }
+
+        def _quiet_max_reqs(self, full: int) -> int:
+            """SGLang's max requests for a pool of `full` tokens, without its warning about a user cap that
+            does not fit (sizing probes small pools on the way)."""
+            log = logging.getLogger("sglang.srt.mem_cache.kv_cache_configurator")
+            level = log.level
+            log.setLevel(logging.ERROR)
+            try:
+                return int(self.max_reqs(full))
+            finally:
+                log.setLevel(level)
+
+        def _config(self, full: int, page_size: int, source: str, budget: int | None = None):
+            full = full // page_size * page_size
+            plan = self.planned_bytes(full, page_size)
+            swa = self._swa(full, page_size)
+            gib = lambda n: f"{n / (1 << 30):.2f} GiB"  # noqa: E731
+            parts = " ".join(f"{k}={gib(v)}" for k, v in plan.items())
+            head = f"{SIZING_LOG} mode={'hybrid-swa' if self.hybrid else 'full-only'} ({source})"
+            logger.info(
+                f"{head} full_tokens={full} swa_tokens={swa} swa_full_tokens_ratio={self.swa_ratio} "
+                f"bytes_per_full_token={self.layout.per_full_token(self.swa_ratio if self.hybrid else 1.0):.1f} "
+                f"bytes_per_swa_token={self.layout.per_swa_token():.1f} planned={gib(sum(plan.values()))} ({parts})"
+                + (f" budget={gib(budget)}" if budget is not None else "")
+            )
+            if not self.hybrid:
+                return MemoryPoolConfig(max_total_num_tokens=full)
+            self.validate_swa_pool_size(swa, self.sliding_window_size, page_size)
+            return MemoryPoolConfig(
+                max_total_num_tokens=full, full_max_total_num_tokens=full, swa_max_total_num_tokens=swa
+            )
 
         def calculate_pool_sizes(self, available_bytes, page_size):
-            full = pool_tokens(available_bytes, self.bytes, page_size, self.req_slots, self.swa_ratio)
-            return self._config(full, page_size, "memory budget")
+            self.sglang = dataclasses.replace(self.sglang, page_size=page_size)
+            full = fit_full_tokens(
+                available_bytes, lambda n: sum(self.planned_bytes(n, page_size).values()), page_size
+            )
+            self._check_room(full, page_size, available_bytes)
+            return self._config(full, page_size, "memory budget", available_bytes)
+
+        def _check_room(self, full: int, page_size: int, budget: int) -> None:
+            """A budget that leaves no usable pool: say what took it (SGLang's own message would blame the SWA
+            ratio or the memory fraction, while the request table of a long context is the usual cause)."""
+            swa = self._swa(full, page_size)
+            floor = (self.sliding_window_size or 0) + page_size
+            if full >= 2 * page_size and (swa is None or swa > floor):
+                return
+            plan = self.planned_bytes(max(full, page_size), page_size)
+            gib = lambda n: f"{n / (1 << 30):.2f} GiB"  # noqa: E731
+            reqs = self._quiet_max_reqs(max(full, page_size))
+            raise RuntimeError(
+                f"ERNIE-5.5: the KV budget of {gib(budget)} leaves no usable KV pool: SGLang's request-to-token "
+                f"table for {reqs} requests x {self.sglang.context_len} positions takes "
+                f"{gib(plan['req_to_token'])}, the pool would get {full} tokens. Lower --context-length (the model "
+                f"serves up to {self.layout.config.max_position_embeddings}) or --max-running-requests, or raise "
+                f"--mem-fraction-static"
+            )
 
         def calculate_pool_sizes_from_max_tokens(self, max_total_num_tokens, page_size):
+            self.sglang = dataclasses.replace(self.sglang, page_size=page_size)
             return self._config(max_total_num_tokens, page_size, "token cap")
 
     return Ernie55PoolConfigurator

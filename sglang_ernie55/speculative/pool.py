@@ -21,36 +21,14 @@ from __future__ import annotations
 import torch
 from sglang.srt.mem_cache.memory_pool import KVCache
 
-from ..configuration import LAYER_HCA
-from ..kernels.layout import hca_geometry, mla_geometry
-from ..mem_cache.pool import DenseRows, OwnRowsKVSurface, PackedRows, SWAWindowAddressing, is_fp8
-
-
-def _kv_name(kv_dtype: torch.dtype) -> str:
-    return "fp8_e4m3" if is_fp8(kv_dtype) else "bfloat16"
-
-
-def echo_geometry(config, kv_dtype: torch.dtype, page_size: int = 256):
-    """Byte geometry (kernels/layout.py) of the draft's per-token row: the target's window layout for an
-    HCA last layer (SGLang's V4 layout in fp8), the MLA latent layout for an MLA-DSA one."""
-    kv, r = _kv_name(kv_dtype), config.qk_rope_head_dim
-    if config.layer_types[-1] == LAYER_HCA:
-        return hca_geometry(kv, config.head_dim, r, page_size)
-    return mla_geometry(kv, config.kv_lora_rank, r, page_size)
-
-
-def echo_row_width(config) -> int:
-    """Values per token row: head_dim (HCA, K = V) or kv_lora_rank + rope (MLA)."""
-    if config.layer_types[-1] == LAYER_HCA:
-        return config.head_dim
-    return config.kv_lora_rank + config.qk_rope_head_dim
+from ..mem_cache.pool import OwnRowsKVSurface, SWAWindowAddressing, is_fp8, rows_of
+from ..mem_cache.sizing import PoolLayout
 
 
 def echo_bytes_per_token(config, kv_dtype: torch.dtype, page_size: int = 256) -> float:
-    """Draft KV bytes per full-pool token, page padding included (what the target's pool configurator must
-    reserve for ECHO): full size, HCA fp8 585 B (584 B/token + the V4 page padding), bf16 1024 B."""
-    g = echo_geometry(config, kv_dtype, page_size)
-    return g.page_bytes / g.page_size
+    """Draft KV bytes per SWA token, page padding included (what the target's pool configurator reserves for
+    ECHO): full size, HCA fp8 585 B (584 B/token + the V4 page padding), bf16 1024 B."""
+    return PoolLayout(config, kv_dtype, page_size, echo=True).draft_row
 
 
 class EchoDraftKVPool(SWAWindowAddressing, OwnRowsKVSurface, KVCache):
@@ -70,10 +48,8 @@ class EchoDraftKVPool(SWAWindowAddressing, OwnRowsKVSurface, KVCache):
         self.window = config.window_size
         self.fp8 = is_fp8(dtype)
         self.token_rows = self._init_window_addressing(size, page_size, swa_size)
-        if dtype == torch.float32:
-            self.rows = DenseRows(self.token_rows, echo_row_width(config), device)
-        else:
-            self.rows = PackedRows(echo_geometry(config, dtype, page_size), self.token_rows, device)
+        (buf,) = PoolLayout(config, dtype, page_size, echo=True).draft_buffers(size, swa_size)
+        self.rows = rows_of(buf, device)
         self._finalize_allocation_log(size)
 
     def check_layer(self, layer_id: int):

@@ -282,17 +282,21 @@ def test_target_pool_and_sizing_under_speculation(hooks, monkeypatch, algo):
                         lambda: SimpleNamespace(features=SimpleNamespace(enable_memory_saver=False)))  # fmt: skip
     monkeypatch.setattr("sglang.srt.runtime_context.get_schedule",
                         lambda: SimpleNamespace(max_running_requests=4, swa_full_tokens_ratio=0.5))  # fmt: skip
+    monkeypatch.setattr("sglang.srt.runtime_context.get_disagg",
+                        lambda: SimpleNamespace(disaggregation_mode="null", disaggregation_decode_extra_slots=0))  # fmt: skip
+    monkeypatch.setattr("sglang.srt.mem_cache.allocation_sizing.get_req_to_token_extra_context_len", lambda: 8)
     cfg = tiny_config()
     spec = SpeculativeAlgorithm.from_string(algo)
-    kvc = SimpleNamespace(is_draft_worker=False, model_config=SimpleNamespace(hf_config=cfg), pool_page_size=256,
+    kvc = SimpleNamespace(is_draft_worker=False, model_config=SimpleNamespace(hf_config=cfg, context_len=2048),
+                          resolve_max_num_reqs=lambda n: 4, pool_page_size=256,
                           kv_cache_dtype=torch.bfloat16, kv_cache_dtype_str="bfloat16", device="cpu",
                           spec_algorithm=spec, is_hybrid_swa=True, sliding_window_size=cfg.window_size)  # fmt: skip
     conf = pc.create_memory_pool_configurator(kvc)
     assert type(conf).__name__ == "Ernie55PoolConfigurator"
     speculating = algo == "EAGLE"
-    assert conf.bytes.draft_row == (echo_bytes_per_token(cfg, torch.bfloat16) if speculating else 0)
+    assert conf.layout.draft_row == (echo_bytes_per_token(cfg, torch.bfloat16) if speculating else 0)
     blocks = 2 if speculating else 1
-    assert conf.bytes.state_per_slot == 3 * blocks * cfg.compress_ratio * 2 * cfg.head_dim * 4  # 3 HCA layers
+    assert conf.layout.state_per_slot == 3 * blocks * cfg.compress_ratio * 2 * cfg.head_dim * 4  # 3 HCA layers
     sizes = SimpleNamespace(max_total_num_tokens=1024, full_max_total_num_tokens=1024, swa_max_total_num_tokens=512)
     pool = KVCacheConfigurator._build_token_to_kv_pool(
         kvc, sizes=sizes, is_dsa_model=False, is_dsv4_model=False,

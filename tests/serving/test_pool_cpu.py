@@ -4,15 +4,26 @@ addressing over SGLang's own SWATokenToKVPoolAllocator, and the stored rows of `
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 from sglang_ernie55.kernels.layout import hca_geometry, idx_geometry, mla_geometry
 
 from sglang_ernie55.configuration import Ernie55Config, tiny_config
 from sglang_ernie55.mem_cache.pool import Ernie55TokenToKVPool, PackedRows
-from sglang_ernie55.mem_cache.sizing import kv_bytes, normalize_kv_dtype, pool_tokens, swa_tokens_for
+from sglang_ernie55.mem_cache.sizing import (
+    Buffer,
+    fit_full_tokens,
+    kv_bytes,
+    normalize_kv_dtype,
+    swa_tokens_for,
+)
 
 PAGE = 256
+sys.path.insert(0, str(Path(__file__).parent))
+import sizing_harness as sh  # noqa: E402
 
 
 def test_full_size_bytes_per_token():
@@ -72,13 +83,16 @@ def test_speculative_sizing_reserves_the_draft_and_the_second_state_block():
         Ernie55TokenToKVPool(256, 256, torch.bfloat16, tiny_config(), num_req_slots=1, device="cpu", state_blocks=3)
 
 
-def test_pool_tokens_fit_budget_and_align():
+def test_fit_full_tokens_is_the_largest_page_count_within_budget():
+    """The configurator's search: the largest page-aligned token count whose cost fits, for a cost with a
+    fixed part (request table, state) and a per-token part, as the pool's own byte formula has."""
     b = kv_bytes(tiny_config(), "fp8_e4m3")
     budget = 3 * 2**30
-    n = pool_tokens(budget, b, 256, req_slots=64)
+    cost = lambda n: b.allocated(n, None, 64) + 5 * 2**20  # noqa: E731
+    n = fit_full_tokens(budget, cost, 256)
     assert n % 256 == 0 and n > 0
-    assert n * b.per_full_token() + 65 * b.state_per_slot <= budget
-    assert (n + 256) * b.per_full_token() + 65 * b.state_per_slot > budget
+    assert cost(n) <= budget < cost(n + 256)
+    assert fit_full_tokens(cost(0) - 1, cost, 256) == 0
 
 
 def test_kv_dtype_names():
@@ -101,7 +115,7 @@ def test_packed_rows_roundtrip(geom, width, tile):
     """Rows go through the pool's byte layout: bf16 exact, fp8 within one e4m3 step of the tile scale,
     rope tails exact in bf16, other slots untouched."""
     g = torch.Generator().manual_seed(0)
-    rows = PackedRows(geom, 3 * 256, "cpu")
+    rows = PackedRows(Buffer("test", 0, 3 * 256, geom=geom), "cpu")
     x = torch.randn(5, width, generator=g) * torch.tensor([0.01, 1, 30, 300, 1e-3])[:, None]
     loc = torch.tensor([3, 300, 1, 767, 256])
     other = torch.randn(1, width, generator=g)
@@ -245,29 +259,42 @@ def ernie_ckpt(tmp_path_factory) -> str:
 
 def _sizes_through_sglang(ckpt: str, *flags: str, budget: int = 64 * 2**20):
     """`sglang serve` argument resolution -> SGLang's ModelConfig (its hybrid-SWA decision) -> SGLang's
-    create_memory_pool_configurator (our hook) -> pool sizes for `budget` bytes -> the pool built."""
-    from types import SimpleNamespace
+    create_memory_pool_configurator (our hook) -> pool sizes for `budget` bytes -> what SGLang builds."""
+    b = sh.build_like_sglang(ckpt, "--max-running-requests", "16", "--context-length", "2048", *flags, budget=budget)
+    return b.model_config, b.conf, b.sizes, b.pool, b.server_args
 
-    import sglang.srt.model_executor.pool_configurator as pc  # its function is hooked once the plugin loads
-    from sglang.srt.arg_groups.model_override_base import model_config_of
-    from sglang.srt.runtime_context import create_context, use_context
-    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
-    from sglang_ernie55.args import resolve_server_args
+LONG = ("--context-length", "131072")
 
-    sa = resolve_server_args(["--model-path", ckpt, "--max-running-requests", "16", *flags], device="cpu")
-    mc = model_config_of(sa)
-    kv = sa.resolved_dict()["kv_cache_dtype"]
-    kvc = SimpleNamespace(model_config=mc, kv_cache_dtype_str=kv, kv_cache_dtype=torch.float8_e4m3fn,
-                          is_hybrid_swa=mc.is_hybrid_swa, sliding_window_size=mc.sliding_window_size,
-                          spec_algorithm=SpeculativeAlgorithm.NONE, is_draft_worker=False)  # fmt: skip
-    with use_context(create_context(sa, role="test")):
-        conf = pc.create_memory_pool_configurator(kvc)
-        sizes = conf.calculate_pool_sizes(budget, PAGE)
-    pool = Ernie55TokenToKVPool(sizes.max_total_num_tokens, PAGE, torch.float8_e4m3fn, mc.hf_config,
-                                num_req_slots=conf.req_slots + 1, device="cpu",
-                                swa_size=sizes.swa_max_total_num_tokens if mc.is_hybrid_swa else None)  # fmt: skip
-    return mc, conf, sizes, pool, sa
+
+@pytest.mark.parametrize(
+    "flags",
+    [LONG, (*LONG, "--kv-cache-dtype", "bfloat16"), (*LONG, "--disable-hybrid-swa-memory"),
+     (*LONG, "--speculative-algorithm", "EAGLE"), ("--context-length", "4096")],
+)  # fmt: skip
+def test_sglang_set_up_allocates_what_was_planned_within_budget(ernie_ckpt, flags):
+    """No --max-running-requests (SGLang picks it from the pool size): the bytes SGLang's own set-up allocates
+    for the sizes our configurator returned (request-to-token table, our pool, its allocator, the ECHO draft
+    pool) equal the plan, and the plan fits the budget."""
+    budget = 3 * 2**30
+    b = sh.build_like_sglang(ernie_ckpt, *flags, budget=budget)
+    plan = b.planned
+    assert b.allocated == plan["pool"] + plan["req_to_token"] + plan["allocator"], (b.allocated, plan)
+    assert sum(plan.values()) <= budget
+    assert b.sizes.max_total_num_tokens > 0
+    rows, cols = b.req_to_token.req_to_token.shape
+    if "EAGLE" in flags:
+        assert rows - 1 == b.server_args.resolved_dict()["max_running_requests"]  # SGLang's speculative default
+    else:
+        assert rows > 2048  # SGLang's own request count for a pool of this size
+    assert cols > int(flags[1])  # the context length + SGLang's headroom
+
+
+def test_budget_eaten_by_the_request_table_is_refused_by_name(ernie_ckpt):
+    """A 1M-token context with SGLang's default request count: the request table alone exceeds a 3 GiB budget;
+    the error names it and the flags that fix it (not SGLang's SWA-ratio or memory-fraction advice)."""
+    with pytest.raises(RuntimeError, match=r"request-to-token table .* Lower --context-length"):
+        sh.build_like_sglang(ernie_ckpt, "--context-length", "1048576", budget=3 * 2**30)
 
 
 def test_swa_ratio_sizes_the_pool_through_sglang(ernie_ckpt, caplog):
@@ -285,9 +312,9 @@ def test_swa_ratio_sizes_the_pool_through_sglang(ernie_ckpt, caplog):
         mc, conf, sizes, pool, _ = _sizes_through_sglang(ernie_ckpt, *flags, budget=budget)
         got[name] = (sizes.max_total_num_tokens, sizes.swa_max_total_num_tokens, pool)
         assert type(conf).__name__ == "Ernie55PoolConfigurator"
-        assert pool.get_kv_size_bytes() == conf.bytes.allocated(sizes.max_total_num_tokens,
-                                                                 sizes.swa_max_total_num_tokens, conf.req_slots + 1)
-        assert pool.get_kv_size_bytes() <= budget + conf.bytes.allocated(PAGE, PAGE, 0)  # + padding pages
+        assert pool.get_kv_size_bytes() == conf.layout.allocated(sizes.max_total_num_tokens,
+                                                                  sizes.swa_max_total_num_tokens, pool.num_req_slots)
+        assert sum(conf.planned_bytes(sizes.max_total_num_tokens, PAGE).values()) <= budget
         if name != "off":
             assert mc.is_hybrid_swa and mc.sliding_window_size == 128
             assert mc.swa_attention_layer_ids == mc.hf_config.hca_layer_ids == [0, 2, 3]
