@@ -14,7 +14,7 @@ from ..reference import functional as Fn
 
 # Bytes one chunk of keys may occupy across the rows that read it (gathered rows, their byte-index tensors,
 # logits); chunk lengths follow from it.
-CHUNK_BYTES = 64 << 20
+CHUNK_BYTES = 256 << 20
 MIN_CHUNK, MAX_CHUNK = 64, 1 << 16
 QUERY_CHUNK = 256  # extend: queries per block
 

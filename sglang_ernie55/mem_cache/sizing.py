@@ -335,6 +335,13 @@ def _make_configurator():
                 f"bytes_per_swa_token={self.layout.per_swa_token():.1f} planned={gib(sum(plan.values()))} ({parts})"
                 + (f" budget={gib(budget)}" if budget is not None else "")
             )
+            if budget is not None and plan["req_to_token"] > budget // 4:
+                logger.warning(
+                    f"{SIZING_LOG} SGLang's request-to-token table ({self._quiet_max_reqs(max(full, page_size))} "
+                    f"requests x {self.sglang.context_len} positions) takes {gib(plan['req_to_token'])}, "
+                    f"{plan['req_to_token'] / budget:.0%} of the KV budget; a shorter --context-length or a lower "
+                    "--max-running-requests leaves it to the KV pool"
+                )
             if not self.hybrid:
                 return MemoryPoolConfig(max_total_num_tokens=full)
             self.validate_swa_pool_size(swa, self.sliding_window_size, page_size)

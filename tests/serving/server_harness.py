@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -54,16 +55,18 @@ def make_prompts(vocab: int, bos: int, lengths=PROMPT_LENGTHS, seed: int = 0) ->
 class Server:
     def __init__(
         self, model_path: str, *args: str, log_name: str = "server", device_args=(), timeout: float = 600,
-        env: dict | None = None,
+        env: dict | None = None, cli: bool = False,
     ):  # fmt: skip
-        """env: extra environment variables of the server process (e.g. SGLANG_ERNIE55_ATTN_IMPL)."""
+        """env: extra environment variables of the server process (e.g. SGLANG_ERNIE55_ATTN_IMPL); cli: start it
+        as the user types it, `sglang serve` (where that launcher is on PATH)."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         log_dir = Path(os.environ.get("SERVING_LOG_DIR") or tempfile.mkdtemp())
         log_dir.mkdir(parents=True, exist_ok=True)
         self.log_path = log_dir / f"{log_name}.log"
-        cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(model_path), "--host", "127.0.0.1",
-               "--port", str(self.port), *device_args, *args]  # fmt: skip
+        launcher = ["sglang", "serve"] if cli and shutil.which("sglang") else [sys.executable, "-m", "sglang.launch_server"]
+        cmd = [*launcher, "--model-path", str(model_path), "--host", "127.0.0.1", "--port", str(self.port),
+               *device_args, *args]  # fmt: skip
         self.cmd = cmd
         self._log = open(self.log_path, "w")
         self._log.write("".join(f"{k}={v} " for k, v in (env or {}).items()) + " ".join(cmd) + "\n")
