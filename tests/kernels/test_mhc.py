@@ -64,6 +64,14 @@ def test_mhc_tiny_token_counts(T):
     _check(T, 4, 64, torch.float32, "ours")
 
 
+@pytest.mark.parametrize("n, H", [(4, 192), (3, 96), (4, 1100)])
+def test_mhc_odd_widths(n, H):
+    """Stream counts and hidden widths no tile divides (issue 13's geometries): n = 3 pads the stream axis to
+    4 (masked Sinkhorn rows / columns), H = 192 / 96 pad a 256 / 128 block, H = 1100 takes two 1024-blocks with
+    a ragged tail."""
+    _check(19, n, H, torch.float32, "ours")
+
+
 def test_mhc_rows_are_independent():
     """A token's result does not depend on the rest of the batch: hc_post bit for bit; hc_pre's fused RMS
     and tail are per token, its mix GEMM (cuBLAS / MKL: batch-invariant under SGLang's deterministic mode,

@@ -36,6 +36,16 @@ def test_rms_norm_tiny(M, weighted):
     _check(M, 64, torch.float32, None, weighted, scale=1e-3)  # mean(x^2) ~ eps: eps must be where it belongs
 
 
+@pytest.mark.parametrize("N", [48, 80, 96, 120, 144, 1100])
+def test_rms_norm_odd_widths(N):
+    """Row widths of issue 13's geometries (MLA latent 96, indexer 48, q_lora 144, o_lora 120, ...) and one
+    wider than a 1024 block: the padded lanes must not enter the mean."""
+    for M in (1, 19, 130):
+        _check(M, N, torch.float32, None, True)
+        _check(M, N, torch.float32, torch.float32, False, strided=True)
+        _check(M, N, torch.bfloat16, torch.bfloat16, True)
+
+
 def test_rms_norm_rows_are_independent():
     """A row's output is bit-identical whatever the other rows of the call are (batch invariance)."""
     x, w, full = _check(130, 256, torch.float32, torch.bfloat16, True)

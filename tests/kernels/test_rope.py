@@ -52,3 +52,28 @@ def test_rope_modes_of_the_layers(T, dtype):
     a = rope_(x.clone().to(DEV), pos.to(DEV), tc.to(DEV), ts.to(DEV), neox=True, start=0)
     b = rope_(x.clone().to(DEV), None, c.to(DEV), s.to(DEV), neox=True, start=0)
     assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("heads", [1, 12, 20])
+@pytest.mark.parametrize("T", [1, 19, 130])
+def test_rope_odd_geometry(heads, T):
+    """Issue 13's widths: RoPE 32 on the last dims of an HCA head of 96 (interleaved, and inverse) and on the
+    first dims of an indexer head of 48 (rotate-half); head counts that are not a multiple of the kernel's
+    16-head block (the last block masked); the rest of each row untouched."""
+    g = torch.Generator().manual_seed(T * 100 + heads)
+    inv = rope.yarn_inv_freq(32, 160000.0, None)
+    pos = torch.randint(0, 1 << 16, (T,), generator=g)
+    c, s = rope.cos_sin(pos, inv)
+    for D, kw, sl, fn in (
+        (96, dict(), slice(64, 96), lambda v: rope.apply_rope_interleaved(v, pos, inv)),
+        (96, dict(inverse=True), slice(64, 96), lambda v: rope.apply_rope_interleaved(v, pos, inv, True)),
+        (48, dict(neox=True, start=0), slice(0, 32), lambda v: rope.apply_rope_half(v, pos, inv)),
+    ):
+        x = torch.randn(T, heads, D, generator=g)
+        want = x.clone()
+        want[..., sl] = fn(x[..., sl])
+        got = rope_(x.clone().to(DEV), None, c.to(DEV), s.to(DEV), **kw).cpu()
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+        keep = torch.ones(D, dtype=torch.bool)
+        keep[sl] = False
+        assert torch.equal(got[..., keep], x[..., keep])
