@@ -320,3 +320,28 @@ def test_log_tail(tmp_path):
     assert tail == [tb[0], "  ... (61 lines left out)", *long_tb[-demo.LOG_TAIL_LINES :]]
     log.write_text("\n".join(tb + noise * 2) + "\n")
     assert demo.log_tail(log)[1] == (noise * 2)[-demo.LOG_TAIL_LINES :]
+
+
+@pytest.mark.parametrize("cpu", [True, False])
+def test_compare(tmp_path, capsys, cpu):
+    """CPU (strict): equal tokens are a match, any difference a failure naming the first position; GPU: both
+    shown, the difference explained, never a failure."""
+    import argparse
+
+    d = demo._Demo(argparse.Namespace(out=str(tmp_path), dtype="bf16", server_args=""))
+    ref = {"prompt_ids": [1, 5, 6], "ids": [7, 8, 9, 2], "text": "", "eos": 2}
+    same = {"ids": [7, 8, 9], "prompt_tokens": 3}  # SGLang left out the EOS it stopped on
+    d._compare(same, ref, strict=cpu, cpu=cpu, log_path=tmp_path / "s.log")
+    out = capsys.readouterr().out
+    assert ("match: the server's 3 tokens equal" in out) if cpu else ("same 3 tokens as the reference" in out)
+    other = {"ids": [7, 8, 4, 4], "prompt_tokens": 3}
+    if cpu:
+        with pytest.raises(demo.DemoFailed, match="MISMATCH: .* from token 2 on"):
+            d._compare(other, ref, strict=True, cpu=True, log_path=tmp_path / "s.log")
+    else:
+        d._compare(other, ref, strict=False, cpu=False, log_path=tmp_path / "s.log")
+        out = capsys.readouterr().out
+        assert "agree on the first 2 of 4 tokens, then differ. Expected, not a failure" in out
+        assert "fp8_e4m3 KV" in out and "sglang-ernie55 demo --cpu" in out
+    with pytest.raises(demo.DemoFailed, match="read the prompt as 4 tokens"):
+        d._compare({"ids": [7], "prompt_tokens": 4}, ref, strict=cpu, cpu=cpu, log_path=tmp_path / "s.log")
