@@ -13,15 +13,19 @@ indexer's qI / w / kI) with `triton` forced vs `torch`; hc_head; the MoE route (
 close) on random inputs and on routers built with exact ties (groups of three identical experts, so the
 top-k boundary always cuts a tie: the kernel must take the lowest id, as the reference's stable sort).
 
+GEOMETRY `odd` (`ODD`, issue 13's kind of checkpoint; `pieces` and `model`): widths no kernel tile divides, an
+MLA-DSA first layer, window / ratio 64, 3 routers choosing 7 of 8 experts; its first three layers are dense +
+MLA-DSA, HCA + MoE, MLA-DSA + MoE.
+
 GEOMETRY `full` (GPU): the same three layer kinds at the real widths (H 4096, 64 heads, HCA 512 in 8 groups,
 MLA 512+64, indexer 64x128, 512 experts top-10, latent 2048; a small expert width, vocab 512). There two fp32
 GEMM paths (one [T, R*E] router GEMM vs R of [T, E]) can round a score differently, so a token whose top-k
 boundary is a near-tie (gap < 1e-5 in the torch path's biased scores) may pick another expert: such tokens
 are counted, their R' rows excluded; every other id must be equal.
 
-model: the tiny SGLang model end to end (fp32 weights, dense fp32 pool, the backend's torch twin) with the
-layers on the kernels vs on torch and vs the reference model: a chunked prefill crossing the compression
-block, decode steps.
+model: the SGLang model (tiny, or GEOMETRY) end to end (fp32 weights, dense fp32 pool, the backend's torch
+twin) with the layers on the kernels vs on torch and vs the reference model: a chunked prefill crossing the
+compression block, decode steps.
 
 graph (CUDA): the three layers of a decode step (batch 1 and 8, recording stub attention) captured in one CUDA
 graph per compute (torch / triton), replayed with new streams and positions copied into the static inputs:
@@ -85,7 +89,23 @@ def geometry_config(geometry: str):
         return Ernie55Config(vocab_size=512, num_hidden_layers=3, layer_types=["hca", "mla_dsa", "hca"],
                              first_k_dense_replace=1, intermediate_size=256, moe_intermediate_size=64,
                              shared_expert_intermediate_size=256, bos_token_id=1, eos_token_id=2)  # fmt: skip
+    if geometry == "odd":
+        return tiny_config(**ODD)
     raise ValueError(geometry)
+
+
+# Widths no kernel tile divides (issue 13's checkpoints): hidden 192, 12 heads (not a multiple of the RoPE
+# kernel's 16-head block), HCA head 96 with RoPE 32, MLA latent 96 / nope 48 / value 48, indexer 6 x 48, q_lora
+# 144, o_lora 120; window and compress ratio 64; an MLA-DSA first layer and a second one after a MoE layer;
+# 3 routers choosing 7 of 8 experts; expert width 80 (not a multiple of 32).
+ODD = dict(
+    vocab_size=512, hidden_size=192, num_hidden_layers=4, layer_types=["mla_dsa", "hca", "mla_dsa", "hca"],
+    first_k_dense_replace=1, intermediate_size=320, num_attention_heads=12, q_lora_rank=144, head_dim=96,
+    qk_rope_head_dim=32, window_size=64, compress_ratio=64, o_groups=4, o_lora_rank=120, kv_lora_rank=96,
+    qk_nope_head_dim=48, v_head_dim=48, index_n_heads=6, index_head_dim=48, index_topk=48, n_routed_experts=8,
+    num_experts_per_tok=7, moe_latent_size=96, moe_intermediate_size=80, shared_expert_intermediate_size=160,
+    num_routers=3,
+)  # fmt: skip
 
 
 def _model(device: str, geometry: str = "tiny"):
@@ -174,7 +194,7 @@ def run_pieces(device: str = "cpu", tol: float = 1e-5, geometry: str = "tiny") -
         for rr in routes.values():
             rr.moe.route = rr.orig
         # exact ids on the CPU's tiny run; on the GPU the two GEMM paths may round a near-tie differently
-        rep["route"] = _routes(cfg, layers[1].mlp, g, device, exact=device == "cpu" and geometry == "tiny")
+        rep["route"] = _routes(cfg, layers[1].mlp, g, device, exact=device == "cpu" and geometry != "full")
     rep["worst_rel"] = worst
     return rep
 
@@ -244,10 +264,10 @@ def _routes(cfg, moe, g, device, exact: bool = True) -> dict:
     return out
 
 
-def run_model(device: str = "cpu") -> dict:
+def run_model(device: str = "cpu", geometry: str = "tiny") -> dict:
     """End to end: logits with the layers on the kernels vs on torch (same twin backend, fp32 pool), and both
     vs the reference."""
-    cfg, ref, model = _model(device)
+    cfg, ref, model = _model(device, geometry)
     g = torch.Generator().manual_seed(5)
     ids = torch.randint(3, cfg.vocab_size, (140,), generator=g)
     ids[0] = cfg.bos_token_id
@@ -261,7 +281,8 @@ def run_model(device: str = "cpu") -> dict:
         parts += [s.decode([0], [int(ids[137 + t])]) for t in range(3)]
         outs[impl] = torch.cat(parts).float().cpu()
     want = ref.forward(ids).logits.float()
-    rep = {"positions": int(outs["triton"].shape[0]), "logit_scale": float(want.abs().max())}
+    rep = {"geometry": geometry, "positions": int(outs["triton"].shape[0])}
+    rep["logit_scale"] = float(want.abs().max())
     for name, (a, b) in {"triton_vs_torch": (outs["triton"], outs["torch"]), "triton_vs_reference": (outs["triton"], want),
                          "torch_vs_reference": (outs["torch"], want)}.items():  # fmt: skip
         rep[name] = {"max_logit_diff": float((a - b).abs().max()),
@@ -341,4 +362,4 @@ if __name__ == "__main__":
     elif mode == "graph":
         print(json.dumps(run_graph(geom)))
     else:
-        print(json.dumps(run_model(dev)))
+        print(json.dumps(run_model(dev, geom)))
