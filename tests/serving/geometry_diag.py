@@ -20,6 +20,9 @@ Variants (name = layer compute / experts):
   the experts in fp32 torch (cuBLAS IEEE; `twin_harness.static_experts`), i.e. no FusedMoE;
 - `.../ieee`: run again in a second process with TRITON_F32_DEFAULT=ieee (tl.dot's default input precision; a
   tl.dot probe in each process reports the precision it really got: `tl_dot_fp32_default`);
+- `.../graph`: the DECODE steps replayed from a captured decode CUDA graph (the geometry-matrix servers run with
+  decode graphs on; at these geometries the attention is the backend's torch twin, whose graph path no earlier
+  GPU run scored) vs the same steps eager: `graph_vs_eager_max_logit` must be rounding-level (~1e-5);
 - `host:emulated tf32trunc+fp16` / `host:emulated fp16`: no GPU; the oracle against itself with its experts
   rounded as FusedMoE rounds them (tf32-truncated operands and fp16 GEMM outputs; fp16 outputs only): the floor
   an otherwise exact server with SGLang's fp32 FusedMoE sits at.
@@ -37,8 +40,13 @@ position. A FusedMoE micro-check per geometry compares the experts alone (random
 with the fp32 twin and with a torch emulation of tf32 operands + fp16 outputs: if `fused` sits on the emulation
 and far from the twin, the deviation is that rounding (no masking bug at moe_intermediate_size 80).
 
-Output: the environment facts, one table row per (geometry, variant), the flips, and one line
-`GEOMETRY_DIAG_JSON {...}` with everything.
+Output: the environment facts, one table row per (geometry, variant), the flips, a SUMMARY line per geometry
+(flips per variant), and one line `GEOMETRY_DIAG_JSON {...}` with everything. Reading it: `torch/twin` and
+`triton/twin` at ~0 flips and `triton/fused` near the `host:emulated tf32trunc+fp16` floor = FusedMoE's fp32
+rounding amplified by the DSA / routing choices explains the servers (and `triton/f32out/ieee` near 0 flips is
+the fix); `torch/twin` with flips = the GPU torch path; `triton/twin` worse than `torch/twin` = the layer kernels;
+`triton/fused` far below the floor, or `experts_check` far from every emulation = FusedMoE itself at this shape;
+a large `graph_vs_eager_max_logit` = the decode graph path.
 """
 
 from __future__ import annotations
@@ -52,6 +60,7 @@ import tempfile
 import time
 import traceback
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 import triton
@@ -64,9 +73,9 @@ JSON_TAG = "GEOMETRY_DIAG_JSON"
 WORKER_TAG = "GEOMETRY_DIAG_WORKER"
 FLIP_NATS = 0.01
 BIG_ERR = 1e-2
-LENGTHS = (19, 150, 300, 520)
+LENGTHS = (19, 150, 300, 510)  # 510: the decode steps complete a compressed block (positions 511 .. 513)
 DECODE = 4
-DEFAULT_VARIANTS = "triton/fused,triton/f32out,triton/twin,torch/fused,torch/twin"
+DEFAULT_VARIANTS = "triton/fused,triton/f32out,triton/twin,torch/twin,triton/fused/graph"
 IEEE_VARIANTS = "triton/fused,triton/f32out"
 
 # Copies of tests/serving/geometries.py rows (this script must not depend on a file that may change).
@@ -339,6 +348,112 @@ def run_variant(model, cfg, seqs, device: str) -> list[dict]:
     return res
 
 
+class _GraphDecode:
+    """Decode steps of one request (slot 0, batch 1) as SGLang's decode CUDA graph runs them: the backend's
+    out-of-graph metadata (the twin's static context-wide width), then the model forward and the LM head captured
+    once on static buffers and replayed per step with the step's token, position, slot and length copied in. On
+    the CPU (no graphs) the captured body runs directly on the same static buffers."""
+
+    def __init__(self, session, model, device: str):
+        from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+        self.s, self.model, self.device = session, model, device
+        z = lambda: torch.zeros(1, dtype=torch.int64, device=device)  # noqa: E731
+        self.ids, self.pos, self.loc, self.seq, self.req = z(), z(), z(), z(), z()
+        self.fb = SimpleNamespace(forward_mode=ForwardMode.DECODE, out_cache_loc=self.loc, req_pool_indices=self.req,
+                                  seq_lens=self.seq, seq_lens_cpu=None, extend_prefix_lens_cpu=None,
+                                  extend_seq_lens_cpu=None, global_num_token_non_padded_cpu=None, batch_size=1)  # fmt: skip
+        self.graph = self.out = None
+
+    def _body(self) -> torch.Tensor:
+        from sglang.srt.model_executor.forward_context import ForwardContext, set_forward_context
+
+        be = self.s.backend
+        be.init_forward_metadata_in_graph(self.fb)
+        prev = set_forward_context(ForwardContext(attn_backend=be))
+        try:
+            hidden, _ = self.model.model(self.ids, self.pos, self.fb)
+        finally:
+            set_forward_context(prev)
+        return hidden.float() @ self.model.lm_head.weight.float().t()
+
+    def step(self, token: int) -> torch.Tensor:
+        s = self.s
+        P = s.lens[0]
+        loc = s.alloc_tokens(0, 1, decode=True)
+        s.lens[0] = P + 1
+        for buf, v in ((self.ids, token), (self.pos, P), (self.seq, P + 1)):
+            buf.fill_(v)
+        self.loc.copy_(loc.view(1))
+        if self.graph is None and self.out is None:
+            be = s.backend
+            be.init_cuda_graph_state(1, 1)
+            be.init_forward_metadata_out_graph(self.fb, in_capture=True)
+            if self.device != "cuda":
+                self.out = "eager"
+            else:  # warm-up on a side stream (its writes are this step's, which the first replay repeats)
+                side = torch.cuda.Stream()
+                side.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(side):
+                    self._body()
+                torch.cuda.current_stream().wait_stream(side)
+                self.graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(self.graph):
+                    self.out = self._body()
+        if self.graph is None:
+            return self._body().float().cpu()
+        self.graph.replay()
+        return self.out.float().cpu()
+
+
+@torch.no_grad()
+def run_graph_variant(model, cfg, seqs, device: str) -> list[dict]:
+    """Per sequence: the same prefill, then the last DECODE tokens decoded eagerly (one session) and through a
+    captured decode graph (a second session from the same start). Logits of the decoded positions, host."""
+    import twin_harness as th
+
+    res = []
+    for ids in seqs:
+        out = {}
+        for mode in ("eager", "graph"):
+            s = th.Session(
+                model, cfg, torch.bfloat16, num_pages=8, max_ctx=1024, slots=2, impl="torch", device=device
+            )
+            s.extend([0], [ids[:-DECODE]])
+            if mode == "eager":
+                out[mode] = torch.cat([s.decode([0], [int(t)]) for t in ids[-DECODE:]]).float().cpu()
+            else:
+                g = _GraphDecode(s, model, device)
+                out[mode] = torch.cat([g.step(int(t)) for t in ids[-DECODE:]])
+        res.append(out)
+    return res
+
+
+def score_graph(orc: list[dict], got: list[dict]) -> dict:
+    """Decode positions only: graph vs eager logits, and each against the oracle (top-1, flips)."""
+    rep = {
+        "positions": 0,
+        "graph_vs_eager_max_logit": 0.0,
+        "top1_graph": 0,
+        "top1_eager": 0,
+        "flips_graph": 0,
+    }
+    for o, g in zip(orc, got):
+        b = o["logits"][-DECODE:]
+        lpb = torch.log_softmax(b, -1)
+        rep["positions"] += DECODE
+        rep["graph_vs_eager_max_logit"] = max(
+            rep["graph_vs_eager_max_logit"], float((g["graph"] - g["eager"]).abs().max())
+        )
+        for name in ("graph", "eager"):
+            top = g[name].argmax(-1)
+            rep[f"top1_{name}"] += int((top == b.argmax(-1)).sum())
+            if name == "graph":
+                gap = lpb.max(-1).values - lpb.gather(1, top[:, None])[:, 0]
+                rep["flips_graph"] += int((gap > FLIP_NATS).sum())
+    return rep
+
+
 def _finite(x) -> float | None:
     x = float(x)
     return x if abs(x) != float("inf") else None
@@ -540,7 +655,7 @@ def worker(args) -> None:
     ieee = os.environ.get("TRITON_F32_DEFAULT") == "ieee"
     for gname in args.geometries.split(","):
         t0 = time.time()
-        grep: dict = {"variants": {}}
+        grep: dict = {"variants": {}, "graphs": {}}
         out["geometries"][gname] = grep
         try:
             cfg = geometry_config(gname)
@@ -574,16 +689,20 @@ def worker(args) -> None:
                     grep[name] = {"error": f"{type(e).__name__}: {e}"}
                     traceback.print_exc()
         for variant in args.variants.split(","):
-            impl, mode = variant.split("/")
+            impl, mode, *graph = variant.split("/")
             name = variant + ("/ieee" if ieee else "")
             try:
                 os.environ["SGLANG_ERNIE55_LAYER_IMPL"] = impl
                 ex.set(mode)
                 t = time.time()
+                if graph:
+                    grep["graphs"][name] = score_graph(orc, run_graph_variant(model, cfg, seqs, dev))
+                    grep["graphs"][name]["s"] = round(time.time() - t, 1)
+                    continue
                 grep["variants"][name] = score(cfg, orc, run_variant(model, cfg, seqs, dev))
                 grep["variants"][name]["s"] = round(time.time() - t, 1)
             except Exception as e:  # noqa: BLE001
-                grep["variants"][name] = {"error": f"{type(e).__name__}: {e}"}
+                grep["graphs" if graph else "variants"][name] = {"error": f"{type(e).__name__}: {e}"}
                 traceback.print_exc()
             finally:
                 ex.set("fused")
@@ -634,7 +753,9 @@ def driver(args) -> None:
     t0 = time.time()
     cuda = args.device == "cuda"
     with tempfile.TemporaryDirectory() as tmp:
-        procs = {"default": _spawn(args, {}, args.variants if cuda else "torch/twin", f"{tmp}/c0")}
+        procs = {
+            "default": _spawn(args, {}, args.variants if cuda else "torch/twin,torch/twin/graph", f"{tmp}/c0")
+        }
         if cuda and args.ieee_variants:
             procs["ieee"] = _spawn(args, {"TRITON_F32_DEFAULT": "ieee"}, args.ieee_variants, f"{tmp}/c1")
         res = {k: _collect(k, p, args.timeout) for k, p in procs.items()}
@@ -652,6 +773,8 @@ def driver(args) -> None:
                 print(f"   [{k}] ERROR {g.get('error', r.get('error'))}")
             for name, v in g.get("variants", {}).items():
                 print(f"   {name:22s} {_fmt(v)}")
+            for name, v in g.get("graphs", {}).items():
+                print(f"   {name:22s} decode graph: {json.dumps(v)}")
             if "experts_check" in g:
                 print(f"   [{k}] FusedMoE alone, max rel err vs: {json.dumps(g['experts_check'])}")
             if k == "default" and "fused_config" in g:
@@ -662,6 +785,8 @@ def driver(args) -> None:
                 flips[name] = v.get("flips", "error")
                 for f in v.get("flip_list", [])[:6]:
                     print(f"   flip [{name}] {json.dumps(f)}")
+            for name, v in r.get("geometries", {}).get(gname, {}).get("graphs", {}).items():
+                flips[name] = v.get("flips_graph", "error")
         print(f"   SUMMARY {gname}: flips (> {FLIP_NATS} nats) per variant: {json.dumps(flips)}")
     print(f"\n{JSON_TAG} {json.dumps({'s': round(time.time() - t0, 1), 'workers': res})}")
 
