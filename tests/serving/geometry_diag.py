@@ -657,6 +657,9 @@ def worker(args) -> None:
         t0 = time.time()
         grep: dict = {"variants": {}, "graphs": {}}
         out["geometries"][gname] = grep
+        os.environ.pop(
+            "SGLANG_ERNIE55_LAYER_IMPL", None
+        )  # `auto` at load: the router matrix is built before any capture
         try:
             cfg = geometry_config(gname)
             ref = build_reference(cfg, seed=args.seed)  # bf16 weights: what make-tiny writes
