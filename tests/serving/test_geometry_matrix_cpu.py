@@ -26,10 +26,10 @@ memory-budget decision; it is not reasonable on a shared machine, so that server
 and its processes are made the kernel's first OOM victims (oom_first_shim), and a deployment on CPU should
 pass --max-total-tokens.
 
-Time: each server takes ~25-30 s to import and start on 2 idle cores (SGLang's three processes), more under
-load; SERVING_CPU_CONCURRENCY (default 2) capped servers run at once, which fills the second core while the
-other server imports single-threaded. Results per variant are printed as a table (and written to
-$SERVING_LOG_DIR/serving-results.jsonl when set).
+Time: a server is SGLang's three processes importing SGLang, most of its cost; SERVING_CPU_CONCURRENCY (default 2)
+capped servers run at once, which fills the second core while the other server imports single-threaded. Measured
+on a shared 2-core box with other suites running (load 5): 75-120 s to start each, the whole file 9.2 min. Results
+per variant are printed as a table (and written to $SERVING_LOG_DIR/serving-results.jsonl when set).
 """
 
 from __future__ import annotations
