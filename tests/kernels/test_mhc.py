@@ -67,8 +67,8 @@ def test_mhc_tiny_token_counts(T):
 @pytest.mark.parametrize("n, H", [(4, 192), (3, 96), (4, 1100)])
 def test_mhc_odd_widths(n, H):
     """Stream counts and hidden widths no tile divides (issue 13's geometries): n = 3 pads the stream axis to
-    4 (masked Sinkhorn rows / columns), H = 192 / 96 pad a 256 / 128 block, H = 1100 takes two 1024-blocks with
-    a ragged tail."""
+    4 (masked Sinkhorn rows / columns), H = 192 / 96 pad a 256 / 128 block, H = 1100 takes two 1024-blocks
+    with a ragged tail."""
     _check(19, n, H, torch.float32, "ours")
 
 

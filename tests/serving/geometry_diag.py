@@ -3,29 +3,29 @@ bf16-KV oracle on the GPU (the CPU server equals it; the H200 server scored 312-
 scores 415/416).
 
 Run on the GPU machine (`python3 tests/serving/geometry_diag.py`, ~1-3 minutes; `--device cpu` runs the
-torch-only variants as a smoke test). It builds its own random checkpoints (in memory, the reference's
-weights in bf16, as `make-tiny` writes them) and, per geometry, the SGLang model in-process on the GPU (the way
+torch-only variants as a smoke test). It builds its own random checkpoints (in memory, the reference's weights
+in bf16, as `make-tiny` writes them) and, per geometry, the SGLang model in-process on the GPU (the way
 tests/serving/layer_impl_check.py builds it: `twin_harness`, fp32 activations, the pool at bf16 KV, the
 `ernie55` backend on its torch path), then runs the same random token sequences through it (one chunked
-prefill + 4 decode steps each) under several variants and compares every position with the reference model
-on the host, whose stored KV tensors are rounded to bf16 as the pool stores them
+prefill + 4 decode steps each) under several variants and compares every position with the reference model on
+the host, whose stored KV tensors are rounded to bf16 as the pool stores them
 (`server_harness.kv_rounded_reference`).
 
 Variants (name = layer compute / experts):
-- layer compute (SGLANG_ERNIE55_LAYER_IMPL) `triton` | `torch`: mHC, routing, norms, RoPE on the project's Triton
-  kernels (the CUDA default) or the torch math;
+- layer compute (SGLANG_ERNIE55_LAYER_IMPL) `triton` | `torch`: mHC, routing, norms, RoPE on the project's
+  Triton kernels (the CUDA default) or the torch math;
 - experts `fused`: SGLang's FusedMoE as the server runs it (Triton `fused_moe_kernel`; at fp32 activations its
   dots take tf32 operands unless TRITON_F32_DEFAULT says otherwise, and its `compute_type` rounds both GEMM
   outputs to fp16); `f32out`: the same kernel with its output rounding in fp32 (compute_type patched); `twin`:
   the experts in fp32 torch (cuBLAS IEEE; `twin_harness.static_experts`), i.e. no FusedMoE;
 - `.../ieee`: run again in a second process with TRITON_F32_DEFAULT=ieee (tl.dot's default input precision; a
   tl.dot probe in each process reports the precision it really got: `tl_dot_fp32_default`);
-- `.../graph`: the DECODE steps replayed from a captured decode CUDA graph (the geometry-matrix servers run with
-  decode graphs on; at these geometries the attention is the backend's torch twin, whose graph path no earlier
-  GPU run scored) vs the same steps eager: `graph_vs_eager_max_logit` must be rounding-level (~1e-5);
+- `.../graph`: the DECODE steps replayed from a captured decode CUDA graph (the geometry-matrix servers run
+  with decode graphs on; at these geometries the attention is the backend's torch twin, whose graph path no
+  earlier GPU run scored) vs the same steps eager: `graph_vs_eager_max_logit` must be rounding-level (~1e-5);
 - `host:emulated tf32trunc+fp16` / `host:emulated fp16`: no GPU; the oracle against itself with its experts
-  rounded as FusedMoE rounds them (tf32-truncated operands and fp16 GEMM outputs; fp16 outputs only): the floor
-  an otherwise exact server with SGLang's fp32 FusedMoE sits at.
+  rounded as FusedMoE rounds them (tf32-truncated operands and fp16 GEMM outputs; fp16 outputs only): the
+  floor an otherwise exact server with SGLang's fp32 FusedMoE sits at.
 Geometries: `tiny` (the preset: its only MLA-DSA layer precedes every MoE layer), `user` (tests/serving/
 geometries.py `odd_mla_dims`: MLA-DSA at layers 0 and 2, so layer 1's MoE output feeds a DSA top-k) and
 `mla_first` (`w128_c32_r3_mla_first`: its only MLA-DSA layer is layer 0, 3 routers, 7 of 8 experts).
@@ -37,16 +37,16 @@ residual streams leave the oracle's by > 1e-2 relative (the layer where a discre
 in an MLA-DSA layer, a routing top-k in a MoE layer; continuous noise stays ~1e-6 .. 1e-3). Each flip is
 attributed to the first such layer, with the oracle's own margin of that layer's discrete choice at that
 position. A FusedMoE micro-check per geometry compares the experts alone (random latents, the model's routes)
-with the fp32 twin and with a torch emulation of tf32 operands + fp16 outputs: if `fused` sits on the emulation
-and far from the twin, the deviation is that rounding (no masking bug at moe_intermediate_size 80).
+with the fp32 twin and with a torch emulation of tf32 operands + fp16 outputs: if `fused` sits on the
+emulation and far from the twin, the deviation is that rounding (no masking bug at moe_intermediate_size 80).
 
 Output: the environment facts, one table row per (geometry, variant), the flips, a SUMMARY line per geometry
 (flips per variant), and one line `GEOMETRY_DIAG_JSON {...}` with everything. Reading it: `torch/twin` and
 `triton/twin` at ~0 flips and `triton/fused` near the `host:emulated tf32trunc+fp16` floor = FusedMoE's fp32
 rounding amplified by the DSA / routing choices explains the servers (and `triton/f32out/ieee` near 0 flips is
-the fix); `torch/twin` with flips = the GPU torch path; `triton/twin` worse than `torch/twin` = the layer kernels;
-`triton/fused` far below the floor, or `experts_check` far from every emulation = FusedMoE itself at this shape;
-a large `graph_vs_eager_max_logit` = the decode graph path.
+the fix); `torch/twin` with flips = the GPU torch path; `triton/twin` worse than `torch/twin` = the layer
+kernels; `triton/fused` far below the floor, or `experts_check` far from every emulation = FusedMoE itself at
+this shape; a large `graph_vs_eager_max_logit` = the decode graph path.
 """
 
 from __future__ import annotations
@@ -82,9 +82,10 @@ IEEE_VARIANTS = "triton/fused,triton/f32out"
 GEOMETRIES = {
     "tiny": {},
     "user": dict(
-        num_hidden_layers=4, layer_types=["mla_dsa", "hca", "mla_dsa", "hca"], window_size=64, compress_ratio=32,
-        num_routers=3, head_dim=96, qk_rope_head_dim=32, v_head_dim=48, qk_nope_head_dim=40, kv_lora_rank=96,
-        index_head_dim=48, index_n_heads=4, moe_intermediate_size=80, n_routed_experts=12, num_experts_per_tok=3,
+        num_hidden_layers=4, layer_types=["mla_dsa", "hca", "mla_dsa", "hca"], window_size=64,
+        compress_ratio=32, num_routers=3, head_dim=96, qk_rope_head_dim=32, v_head_dim=48,
+        qk_nope_head_dim=40, kv_lora_rank=96, index_head_dim=48, index_n_heads=4, moe_intermediate_size=80,
+        n_routed_experts=12, num_experts_per_tok=3,
     ),
     "mla_first": dict(
         num_hidden_layers=3, layer_types=["mla_dsa", "hca", "hca"], first_k_dense_replace=0, window_size=128,
@@ -110,7 +111,7 @@ def sequences(cfg, seed: int = 0, lengths=LENGTHS) -> list[torch.Tensor]:
     return out
 
 
-# ----------------------------------------------------------------------------------------------- oracle (host)
+# ---------------------------------------------------------------------------------------------- oracle (host)
 class _OracleSpy:
     """Records, during one reference forward, each layer's output streams and each discrete choice with the
     oracle's own margin (DSA: index_topk-th minus next causal indexer score; MoE: top_k-th minus next biased
@@ -186,9 +187,10 @@ def oracle(cfg, ref, seqs) -> list[dict]:
 
 
 def emulated_moe_forward(tf: str | None, fp16: bool):
-    """reference LatentMoE.forward with the experts rounded as SGLang's fp32-activation FusedMoE rounds them on
-    the GPU: tf32 operands (`tf` "trunc": the low 13 mantissa bits dropped; "rne": rounded; None: fp32) and both
-    GEMM outputs rounded to fp16 (`compute_type`; the routed weight is applied before the second rounding)."""
+    """reference LatentMoE.forward with the experts rounded as SGLang's fp32-activation FusedMoE rounds them
+    on the GPU: tf32 operands (`tf` "trunc": the low 13 mantissa bits dropped; "rne": rounded; None: fp32) and
+    both GEMM outputs rounded to fp16 (`compute_type`; the routed weight is applied before the second
+    rounding)."""
     import torch.nn.functional as F
 
     from sglang_ernie55.reference.model import lin
@@ -229,7 +231,7 @@ def emulated_oracle(cfg, ref, seqs, tf: str | None, fp16: bool) -> list[dict]:
         M.LatentMoE.forward = orig
 
 
-# ----------------------------------------------------------------------------------------------- model (device)
+# --------------------------------------------------------------------------------------------- model (device)
 def build_model(cfg, ref, device: str):
     import twin_harness as th
 
@@ -238,8 +240,8 @@ def build_model(cfg, ref, device: str):
     model.load_weights(ref.state_dict().items())
     model = model.to(device)
     model.prepare_after_load()
-    # What SGLang's loader does after load_weights (FusedMoE at fp32: nothing on CUDA). Not on the CPU: with AMX
-    # it would repack the expert weights for SGLang's CPU kernels, which the twin cannot read.
+    # What SGLang's loader does after load_weights (FusedMoE at fp32: nothing on CUDA). Not on the CPU: with
+    # AMX it would repack the expert weights for SGLang's CPU kernels, which the twin cannot read.
     if device == "cuda":
         for mod in model.modules():
             qm = getattr(mod, "quant_method", None)
@@ -249,8 +251,8 @@ def build_model(cfg, ref, device: str):
 
 
 class Experts:
-    """Switches every latent MoE's experts between SGLang's FusedMoE (`fused`), the same with fp32 output rounding
-    (`f32out`) and an fp32 torch twin (`twin`)."""
+    """Switches every latent MoE's experts between SGLang's FusedMoE (`fused`), the same with fp32 output
+    rounding (`f32out`) and an fp32 torch twin (`twin`)."""
 
     def __init__(self, model):
         import twin_harness as th
@@ -291,7 +293,8 @@ class Experts:
 
 
 class _ModelSpy:
-    """Records, during the SGLang model's forwards, each layer's output streams and each MoE layer's routed ids."""
+    """Records, during the SGLang model's forwards, each layer's output streams and each MoE layer's routed
+    ids."""
 
     def __init__(self, model):
         from sglang_ernie55.layers.moe import Ernie55LatentMoE
@@ -328,9 +331,9 @@ class _ModelSpy:
 
 @torch.no_grad()
 def run_variant(model, cfg, seqs, device: str) -> list[dict]:
-    """Per sequence (a fresh pool at bf16 KV, attention on the backend's torch path): one prefill of all but the
-    last DECODE tokens, then DECODE decode steps. Returns the logits [L, V], the streams per layer and the routed
-    ids per MoE layer (sorted), on the host."""
+    """Per sequence (a fresh pool at bf16 KV, attention on the backend's torch path): one prefill of all but
+    the last DECODE tokens, then DECODE decode steps. Returns the logits [L, V], the streams per layer and the
+    routed ids per MoE layer (sorted), on the host."""
     import twin_harness as th
 
     res = []
@@ -350,9 +353,9 @@ def run_variant(model, cfg, seqs, device: str) -> list[dict]:
 
 class _GraphDecode:
     """Decode steps of one request (slot 0, batch 1) as SGLang's decode CUDA graph runs them: the backend's
-    out-of-graph metadata (the twin's static context-wide width), then the model forward and the LM head captured
-    once on static buffers and replayed per step with the step's token, position, slot and length copied in. On
-    the CPU (no graphs) the captured body runs directly on the same static buffers."""
+    out-of-graph metadata (the twin's static context-wide width), then the model forward and the LM head
+    captured once on static buffers and replayed per step with the step's token, position, slot and length
+    copied in. On the CPU (no graphs) the captured body runs directly on the same static buffers."""
 
     def __init__(self, session, model, device: str):
         from sglang.srt.model_executor.forward_batch_info import ForwardMode
@@ -360,9 +363,11 @@ class _GraphDecode:
         self.s, self.model, self.device = session, model, device
         z = lambda: torch.zeros(1, dtype=torch.int64, device=device)  # noqa: E731
         self.ids, self.pos, self.loc, self.seq, self.req = z(), z(), z(), z(), z()
-        self.fb = SimpleNamespace(forward_mode=ForwardMode.DECODE, out_cache_loc=self.loc, req_pool_indices=self.req,
-                                  seq_lens=self.seq, seq_lens_cpu=None, extend_prefix_lens_cpu=None,
-                                  extend_seq_lens_cpu=None, global_num_token_non_padded_cpu=None, batch_size=1)  # fmt: skip
+        self.fb = SimpleNamespace(
+            forward_mode=ForwardMode.DECODE, out_cache_loc=self.loc, req_pool_indices=self.req,
+            seq_lens=self.seq, seq_lens_cpu=None, extend_prefix_lens_cpu=None, extend_seq_lens_cpu=None,
+            global_num_token_non_padded_cpu=None, batch_size=1,
+        )  # fmt: skip
         self.graph = self.out = None
 
     def _body(self) -> torch.Tensor:
@@ -503,7 +508,7 @@ def score(cfg, orc: list[dict], got: list[dict]) -> dict:
     }  # fmt: skip
 
 
-# ----------------------------------------------------------------------------------------------- experts alone
+# ---------------------------------------------------------------------------------------------- experts alone
 def _tf32(x: torch.Tensor, rne: bool) -> torch.Tensor:
     i = x.float().contiguous().view(torch.int32)
     if rne:
@@ -513,8 +518,8 @@ def _tf32(x: torch.Tensor, rne: bool) -> torch.Tensor:
 
 @torch.no_grad()
 def experts_check(model, cfg, ex: Experts, device: str) -> dict:
-    """FusedMoE alone at this geometry: random latents, the model's own routes, vs the fp32 twin and vs a torch
-    emulation of tf32 operands (truncated / rounded) with fp16 GEMM outputs."""
+    """FusedMoE alone at this geometry: random latents, the model's own routes, vs the fp32 twin and vs a
+    torch emulation of tf32 operands (truncated / rounded) with fp16 GEMM outputs."""
     from sglang.srt.layers.moe.topk import StandardTopKOutput
 
     from sglang_ernie55.layers.moe import Ernie55LatentMoE
@@ -567,7 +572,7 @@ def experts_check(model, cfg, ex: Experts, device: str) -> dict:
     return rep
 
 
-# ----------------------------------------------------------------------------------------------- environment
+# ---------------------------------------------------------------------------------------------- environment
 def env_facts(device: str) -> dict:
     import triton
 
@@ -616,7 +621,8 @@ def _dot_probe_kernel(a_ptr, b_ptr, c_ptr):
 
 
 def dot_probe() -> str:
-    """What tl.dot does with fp32 operands in this process: 1 + 2^-12 survives IEEE fp32 and is lost in tf32."""
+    """What tl.dot does with fp32 operands in this process: 1 + 2^-12 survives IEEE fp32 and is lost in
+    tf32."""
     a = torch.eye(16, device="cuda") * (1 + 2**-12)
     b = torch.eye(16, device="cuda")
     c = torch.empty_like(a)
@@ -626,8 +632,8 @@ def dot_probe() -> str:
 
 
 def fused_config(cfg) -> dict:
-    """The Triton config FusedMoE picks for this geometry's shapes at 1 and 520 tokens (no tuned file exists for
-    these shapes, so these are SGLang's defaults)."""
+    """The Triton config FusedMoE picks for this geometry's shapes at 1 and 520 tokens (no tuned file exists
+    for these shapes, so these are SGLang's defaults)."""
     from sglang.srt.layers.moe.moe_runner.triton_utils import fused_moe_triton_config as fc
 
     E, L, inter, k = (
@@ -646,7 +652,7 @@ def fused_config(cfg) -> dict:
     return out
 
 
-# ----------------------------------------------------------------------------------------------- worker
+# ---------------------------------------------------------------------------------------------- worker
 def worker(args) -> None:
     from sglang_ernie55.reference.model import build_reference
 
@@ -714,7 +720,7 @@ def worker(args) -> None:
     print(f"{WORKER_TAG} {json.dumps(out)}", flush=True)
 
 
-# ----------------------------------------------------------------------------------------------- driver
+# ---------------------------------------------------------------------------------------------- driver
 def _spawn(args, extra_env: dict, variants: str, cache: str) -> subprocess.Popen:
     env = dict(os.environ, TRITON_CACHE_DIR=cache, **extra_env)
     for k in ("MASTER_PORT", "MASTER_ADDR", "RANK", "WORLD_SIZE", "LOCAL_RANK", "SGLANG_ERNIE55_LAYER_IMPL"):
@@ -748,8 +754,10 @@ def _fmt(v) -> str:
         return f"ERROR {v['error'][:150]}"
     rd = ",".join(f"L{k}:{x}" for k, x in v["route_diff"].items())
     big = ",".join(str(x) for x in v["big_err_positions"])
-    return (f"top1 {v['top1']}/{v['positions']} flips {v['flips']:3d}  max|dlogit| {v['max_logit_err']:.2e}  "
-            f"mean|dlp| {v['mean_lp_err']:.2e}  route_diff {rd or '-'}  big_err/layer {big}  ({v['s']} s)")  # fmt: skip
+    return (
+        f"top1 {v['top1']}/{v['positions']} flips {v['flips']:3d}  max|dlogit| {v['max_logit_err']:.2e}  "
+        f"mean|dlp| {v['mean_lp_err']:.2e}  route_diff {rd or '-'}  big_err/layer {big}  ({v['s']} s)"
+    )
 
 
 def driver(args) -> None:
@@ -766,7 +774,7 @@ def driver(args) -> None:
     for k, r in res.items():
         print(f"{k:8s} {json.dumps(r.get('env', r.get('error')))}")
     print(
-        "\n==== per geometry and variant (layer compute / experts [/ieee]); streams ~1e-6..1e-3 off = rounding"
+        "\n==== per geometry and variant (layer compute / experts [/ieee]); streams 1e-6..1e-3 off = rounding"
     )
     for gname in args.geometries.split(","):
         print(f"-- {gname}: {GEOMETRIES[gname] or 'the tiny preset'}")

@@ -95,9 +95,9 @@ def geometry_config(geometry: str):
 
 
 # Widths no kernel tile divides (issue 13's checkpoints): hidden 192, 12 heads (not a multiple of the RoPE
-# kernel's 16-head block), HCA head 96 with RoPE 32, MLA latent 96 / nope 48 / value 48, indexer 6 x 48, q_lora
-# 144, o_lora 120; window and compress ratio 64; an MLA-DSA first layer and a second one after a MoE layer;
-# 3 routers choosing 7 of 8 experts; expert width 80 (not a multiple of 32).
+# kernel's 16-head block), HCA head 96 with RoPE 32, MLA latent 96 / nope 48 / value 48, indexer 6 x 48,
+# q_lora 144, o_lora 120; window and compress ratio 64; an MLA-DSA first layer and a second one after a MoE
+# layer; 3 routers choosing 7 of 8 experts; expert width 80 (not a multiple of 32).
 ODD = dict(
     vocab_size=512, hidden_size=192, num_hidden_layers=4, layer_types=["mla_dsa", "hca", "mla_dsa", "hca"],
     first_k_dense_replace=1, intermediate_size=320, num_attention_heads=12, q_lora_rank=144, head_dim=96,

@@ -76,7 +76,7 @@ def test_layer_impl_bad_value_is_refused(monkeypatch, bad):
         th.build_model(tiny_config(), dtype=torch.float32)
 
 
-# tensors a layer kind records: R' + the stub's q, k, v + HCA (cs, attn_sink) / MLA-DSA (index_q, index_w, index_k)
+# tensors a layer kind records: R', the stub's q, k, v, then cs, attn_sink (HCA) or index_q / w / k (MLA-DSA)
 HCA_SEEN, MLA_SEEN = 6, 7
 
 
@@ -89,10 +89,10 @@ def test_layers_on_kernels_equal_torch(geometry, per_t):
     """Each decoder layer kind (tiny: dense + HCA, MLA-DSA + MoE, HCA + MoE; odd: dense + MLA-DSA, HCA + MoE,
     MLA-DSA + MoE) with a recording attention stub, T in {0, 1, 3, 19, 130}, fresh random streams / positions:
     the layer output R' and every tensor handed to the attention (q, k, v, cs, indexer qI / w / kI), and
-    hc_head, within 1e-5 of their scale (fp32; measured worst 7.5e-7 tiny, 7.6e-7 odd); MoE routes: ids exactly
-    equal (random inputs, and routers with exact three-way ties where the top-k boundary cuts a tie: the lowest
-    ids are taken), weights to 1e-5. `odd` is issue 13's kind of geometry (layer_impl_check.ODD: widths no tile
-    divides, 12 heads, RoPE 32, window / ratio 64, 3 routers choosing 7 of 8 experts)."""
+    hc_head, within 1e-5 of their scale (fp32; measured worst 7.5e-7 tiny, 7.6e-7 odd); MoE routes: ids
+    exactly equal (random inputs, and routers with exact three-way ties where the top-k boundary cuts a tie:
+    the lowest ids are taken), weights to 1e-5. `odd` is issue 13's kind of geometry (layer_impl_check.ODD:
+    widths no tile divides, 12 heads, RoPE 32, window / ratio 64, 3 routers choosing 7 of 8 experts)."""
     rep = run_check("pieces", "cpu", geometry)
     assert len(rep["layers"]) == 5 * per_t
     assert rep["near_tie_tokens"] == 0  # every token of every layer routed to the same experts
@@ -102,10 +102,10 @@ def test_layers_on_kernels_equal_torch(geometry, per_t):
 
 @pytest.mark.slow
 def test_model_on_kernels_at_odd_geometry():
-    """The model end to end at layer_impl_check.ODD with the layers on the kernels (interpreter) vs on torch vs
-    the reference (fp32 pool, the backend's torch twin: what serves this geometry on the GPU too): chunked
-    prefill crossing compression blocks of 64, 3 decode steps; logits to 1e-4 (measured 4.3e-6), same top-1
-    at every position. (The tiny geometry: test_model_cpu.py.)"""
+    """The model end to end at layer_impl_check.ODD with the layers on the kernels (interpreter) vs on torch
+    vs the reference (fp32 pool, the backend's torch twin: what serves this geometry on the GPU too): chunked
+    prefill crossing compression blocks of 64, 3 decode steps; logits to 1e-4 (measured 4.3e-6), same top-1 at
+    every position. (The tiny geometry: test_model_cpu.py.)"""
     rep = run_check("model", "cpu", "odd")
     print(rep)
     for name in ("triton_vs_torch", "triton_vs_reference", "torch_vs_reference"):
@@ -150,8 +150,8 @@ def test_geometry_diag_runs_on_cpu():
     for k in (VAR, "TRITON_INTERPRET", "MASTER_PORT", "MASTER_ADDR", "RANK", "WORLD_SIZE", "LOCAL_RANK"):
         env.pop(k, None)
     diag = Path(__file__).with_name("geometry_diag.py")
-    r = subprocess.run([sys.executable, str(diag), "--device", "cpu", "--geometries", "user", "--lengths", "150,300"],
-                       env=env, capture_output=True, text=True, timeout=1200)  # fmt: skip
+    cmd = [sys.executable, str(diag), "--device", "cpu", "--geometries", "user", "--lengths", "150,300"]
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1200)
     assert r.returncode == 0, r.stderr[-4000:]
     line = next(x for x in r.stdout.splitlines() if x.startswith("GEOMETRY_DIAG_JSON "))
     g = json.loads(line.split(" ", 1)[1])["workers"]["default"]["geometries"]["user"]["variants"]
