@@ -130,19 +130,14 @@ def test_explicit_fp8_refused_where_it_does_not_fit(name, ckpts):
         assert f"{flag} bfloat16" in msg and "bfloat16" in e.legal, msg
 
 
-@pytest.mark.xfail(
-    reason="mem_cache/sizing.py builds the HCA and the MLA-DSA geometries for every config, also the kind the "
-    "model does not have: an HCA-only checkpoint with a kv_lora_rank the fp8 layout cannot tile (an unused "
-    "field) asserts in mla_geometry although fp8_unfit accepts it (fix: build only the present kinds)",
-    strict=False,
-)
 def test_pool_sizing_builds_only_the_kinds_present():
     from sglang_ernie55.mem_cache.sizing import kv_bytes
 
     cfg = G.BY_NAME["w32_c128_hca_only"].config()
     cfg.kv_lora_rank = 96
     assert fp8_unfit(cfg) == ""
-    kv_bytes(cfg, "fp8_e4m3")
+    layout = kv_bytes(cfg, "fp8_e4m3")  # an unused kv_lora_rank the fp8 latent layout cannot tile
+    assert layout.n_mla == 0 and layout.latent_row == 0.0 and layout.window_row > 0
 
 
 # ---------------------------------------------------------------------------------------------- the loader

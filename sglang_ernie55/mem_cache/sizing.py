@@ -110,16 +110,17 @@ class PoolLayout:
             "index": dI,
             "draft": D if c.layer_types[-1] == LAYER_HCA else R + r,
         }
-        if self.kv == DENSE_KV:
-            self.geoms = dict.fromkeys(self.widths)
-        else:
+        # geometries of the layer kinds present only: an fp8 layout that cannot tile an absent kind's widths
+        # (an HCA-only checkpoint's unused kv_lora_rank) must not refuse the pool
+        self.geoms: dict = dict.fromkeys(self.widths)
+        if self.kv != DENSE_KV:
             kv, cmp_page = self.kv, page_size // self.ratio
-            self.geoms = {
-                "window": hca_geometry(kv, D, r, page_size),
-                "compressed": hca_geometry(kv, D, r, cmp_page),
-                "latent": mla_geometry(kv, R, r, page_size),
-                "index": idx_geometry(kv, dI, page_size),
-            }
+            if self.hca:
+                self.geoms["window"] = hca_geometry(kv, D, r, page_size)
+                self.geoms["compressed"] = hca_geometry(kv, D, r, cmp_page)
+            if self.mla:
+                self.geoms["latent"] = mla_geometry(kv, R, r, page_size)
+                self.geoms["index"] = idx_geometry(kv, dI, page_size)
             self.geoms["draft"] = self.geoms["window" if c.layer_types[-1] == LAYER_HCA else "latent"]
         self.state_ring = state_blocks * self.ratio
         self.state_width = 2 * D
@@ -179,6 +180,8 @@ class PoolLayout:
     # ------------------------------------------------------------------ bytes per token (planner, logs)
     def _per_token(self, name: str) -> float:
         g = self.geoms[name]
+        if g is None and self.kv != DENSE_KV:
+            return 0.0  # a layer kind this checkpoint does not have
         return 4.0 * self.widths[name] if g is None else g.page_bytes / g.page_size
 
     @property
