@@ -6,18 +6,31 @@ import dataclasses
 import os
 
 import torch
+import triton
 import triton.language as tl
 
 from .layout import FP8_DTYPE, Geometry, KVLayout
+
+MIN_DOT_WIDTH = 16  # the smallest K / N of a tl.dot operand on the GPU
+
+
+def padded(width: int, tile: int = 1) -> int:
+    """The register width of a `width`-wide row inside the kernels: the next power of two (tl.arange needs one),
+    at least MIN_DOT_WIDTH (a dot operand) and at least `tile` (fp8 rows are reshaped into whole scale tiles).
+    Equal to `width` for the power-of-two widths of the full-size and tiny models, where the masks that cover
+    the padding compile away (they sit behind `MAIN_P != MAIN`-style constexpr tests)."""
+    return max(triton.next_power_of_2(max(width, 1)), MIN_DOT_WIDTH, tile)
 
 
 @dataclasses.dataclass(frozen=True)
 class PoolArgs:
     kind: int  # 0 bf16, 1 fp8 + ue8m0 bytes, 2 fp8 + fp32 scales
-    main: int  # width of the main segment (power of two)
+    main: int  # width of the main segment (values per token before the bf16 tail)
+    main_p: int  # its register width (padded(main, tile)); dims main .. main_p - 1 are masked
     nope: int  # dims of main stored as fp8 (0 for bf16 layouts)
-    tile: int  # values per scale
+    tile: int  # values per scale (a power of two dividing main_p)
     tail: int  # bf16 tail width (0: none)
+    tail_p: int  # its register width (padded(tail); 0 without a tail)
     tail_off: int  # byte offset of the tail inside the data row
     page_size: int
     page_bytes: int
@@ -27,24 +40,44 @@ class PoolArgs:
 
 
 def pool_args(g: Geometry) -> PoolArgs:
+    """The constexpr / runtime arguments of a pool's readers and writers. Any even widths: a row is held in
+    registers at its padded width (`padded`) and the dims past the real width are masked on every load and
+    store; scale tiles stay whole (HCA fp8 needs (dim - rope) % 64 == 0, MLA fp8 latent % 128 == 0: the
+    layouts' own rule, kernels/layout.py `fp8_unfit`). The indexer fp8 key has one scale per token, so its
+    tile is the padded row (the masked dims are zero and do not change the amax)."""
     L = g.layout
     if L is KVLayout.HCA_FP8:
         a = (1, g.dim, g.nope, g.tile, 0, 0)
     elif L in (KVLayout.HCA_BF16, KVLayout.IDX_BF16):
-        a = (0, g.dim, 0, g.dim, 0, 0)
+        a = (0, g.dim, 0, 0, 0, 0)
     elif L is KVLayout.MLA_FP8:
         a = (2, g.dim, g.dim, g.tile, g.rope, g.dim + 4 * (g.dim // g.tile))
     elif L is KVLayout.MLA_BF16:
-        a = (0, g.dim, 0, g.dim, g.rope, 2 * g.dim)
+        a = (0, g.dim, 0, 0, g.rope, 2 * g.dim)
     elif L is KVLayout.IDX_FP8:
-        a = (2, g.dim, g.dim, g.dim, 0, 0)
+        a = (2, g.dim, g.dim, 0, 0, 0)
     else:
         raise ValueError(L)
     kind, main, nope, tile, tail, tail_off = a
-    assert main & (main - 1) == 0 and main % tile == 0, f"{L.value}: main width {main} must be a power of two"
-    assert tail == 0 or tail & (tail - 1) == 0, f"{L.value}: rope width {tail} must be a power of two"
-    return PoolArgs(kind, main, nope, tile, tail, tail_off, g.page_size, g.page_bytes, g.data_stride,
-                    g.scale_base, g.scale_stride)  # fmt: skip
+    main_p = padded(main, tile)
+    if L is KVLayout.IDX_FP8 or kind == 0:
+        tile = main_p  # one scale per token (IDX_FP8); unused for bf16 layouts
+    assert tile & (tile - 1) == 0 and main_p % tile == 0, f"{L.value}: scale tile {tile} must tile {main_p}"
+    return PoolArgs(
+        kind,
+        main,
+        main_p,
+        nope,
+        tile,
+        tail,
+        padded(tail) if tail else 0,
+        tail_off,
+        g.page_size,
+        g.page_bytes,
+        g.data_stride,
+        g.scale_base,
+        g.scale_stride,
+    )
 
 
 def check_pool(pool: torch.Tensor, g: Geometry, name: str) -> None:

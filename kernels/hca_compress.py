@@ -1,16 +1,18 @@
-"""HCA compression: complete 128-token blocks -> one compressed entry each, written straight into the
-compressed pool; and the update of the open-block state (decode and chunked prefill).
+"""HCA compression: complete blocks of R = compress_ratio tokens -> one compressed entry each, written straight
+into the compressed pool; and the update of the open-block state (decode and chunked prefill). R is the
+layer's (its ``ape`` has R rows): any ratio that divides the 256-token page (a power of two, 1 .. 256); the
+head and rope widths are any even ones (held padded to a power of two inside the kernel, kernels/_pool.py).
 
-Formula (functional.hca_compress_block): for block j of a request, with rows t = 0..127 of
-[c_t | s_t] = wkv_gate(x_{128j+t}) (fp32),
-    cmp_j = RoPE_interleaved( RMSNorm( sum_t softmax_t(s_t + ape_t) * c_t ; norm_w, eps ), position 128 j )
-(softmax per channel over the 128 rows) and stored at the job's compressed slot in the pool's layout
-(kv_store's encoding). Row t comes from the batch (``kvs``) when position 128j+t >= the request's
+Formula (functional.hca_compress_block): for block j of a request, with rows t = 0..R-1 of
+[c_t | s_t] = wkv_gate(x_{Rj+t}) (fp32),
+    cmp_j = RoPE_interleaved( RMSNorm( sum_t softmax_t(s_t + ape_t) * c_t ; norm_w, eps ), position R j )
+(softmax per channel over the R rows) and stored at the job's compressed slot in the pool's layout
+(kv_store's encoding). Row t comes from the batch (``kvs``) when position Rj+t >= the request's
 first new position, else from the request's state.
 
 Open-block state (layout.hca_state_alloc): a request-scoped ring of ``ring = state.shape[1]`` rows,
-``ring = 128 * blocks``; token p's row is ring row ``p % ring``, so block j's rows sit at
-``(128 j) % ring + t``. One block (ring 128) without speculative decoding; two blocks (ring 256) with it:
+``ring = R * blocks``; token p's row is ring row ``p % ring``, so block j's rows sit at
+``(R j) % ring + t``. One block (ring R) without speculative decoding; two blocks (ring 2R) with it:
 a verify of S+1 <= 4 rows that crosses a block boundary writes the next block's first rows into the other
 half, and ``hca_state_update`` keeps the rows of the last *two* blocks, so when the tokens past the
 boundary (or the one completing the block) are rejected, the next verify (which starts at the first
@@ -24,10 +26,18 @@ Reference: `kernels_ref.hca_compress_jobs` (composes functional.hca_compress_blo
 from __future__ import annotations
 
 import torch
+import triton
 
 from ._pool import check, check_pool, pool_args, pool_views
 from ._triton.hca_compress import hca_compress_kernel, hca_state_update_kernel
-from .layout import HCA_COMPRESS_RATIO, Geometry, KVLayout
+from .layout import PAGE_SIZE, Geometry, KVLayout
+
+
+def _check_ratio(ratio: int) -> None:
+    check(
+        isinstance(ratio, int) and 1 <= ratio <= PAGE_SIZE and PAGE_SIZE % ratio == 0,
+        f"compress ratio: a divisor of the page size {PAGE_SIZE}, got {ratio}",
+    )
 
 
 def hca_compress_store(
@@ -38,21 +48,24 @@ def hca_compress_store(
 ) -> None:  # fmt: skip
     """Compress J blocks (one program each; a job with out_slot -1 is skipped, so J may be padded).
 
-    pool:   compressed pool, uint8 [pages, g.page_bytes]; g = hca_geometry(dtype, page_size=2).
+    pool:   compressed pool, uint8 [pages, g.page_bytes]; g = hca_geometry(dtype, D, rope, page_size=256 // R).
     kvs:    fp32 [N, 2D] wkv_gate output of the batch's new tokens ([values | scores]), flat over requests.
-    state:  fp32 [req_slots, ring, 2D] (layout.hca_state_alloc), ring = 128 or 256, last dim contiguous;
-            block j's row t is read from ring row (128 j) % ring + t.
-    ape:    fp32 [128, D] contiguous; norm_w fp32 [D]; cos, sin fp32 [max_pos, rope/2] (rope.cos_sin
-            of arange(max_pos)), row-contiguous, covering position 128 * block.
+    state:  fp32 [req_slots, ring, 2D] (layout.hca_state_alloc), ring = R or 2R, last dim contiguous;
+            block j's row t is read from ring row (R j) % ring + t.
+    ape:    fp32 [R, D] contiguous: its rows give the compress ratio R; norm_w fp32 [D]; cos, sin fp32
+            [max_pos, rope/2] (rope.cos_sin of arange(max_pos)), row-contiguous, covering position R * block.
     job_*:  int32/int64 [J]: request state slot, block index j, the request's first new position
             (prefix length), the flat kvs row of that position, and the compressed slot to write
-            (-1: no job). Rows 128j..128j+127 with position >= ext_start must be in kvs at
+            (-1: no job). Rows Rj..Rj+R-1 with position >= ext_start must be in kvs at
             tok_start + position - ext_start.
     """
     a = pool_args(g)
     check(g.layout in (KVLayout.HCA_FP8, KVLayout.HCA_BF16), f"pool: an HCA layout, got {g.layout.value}")
     check_pool(pool, g, "hca_compress_store.pool")
-    D, R = g.dim, HCA_COMPRESS_RATIO
+    D = g.dim
+    check(ape.dim() == 2 and ape.shape[1] == D, f"ape: fp32 [ratio, {D}], got {tuple(ape.shape)}")
+    R = ape.shape[0]
+    _check_ratio(R)
     check(kvs.dim() == 2 and kvs.shape[1] == 2 * D and kvs.dtype == torch.float32 and kvs.stride(1) == 1,
           f"kvs: fp32 [N, {2 * D}] with contiguous last dim, got {kvs.dtype} {tuple(kvs.shape)}")  # fmt: skip
     check(state.dim() == 3 and state.shape[1] in (R, 2 * R) and state.shape[2] == 2 * D
@@ -84,7 +97,7 @@ def hca_compress_store(
         kvs, kvs.stride(0), state, state.stride(0), state.stride(1), ape, norm_w, cos, sin, cos.stride(0),
         job_req_slot, job_block, job_ext_start, job_tok_start, job_out_slot, float(eps), state.shape[1],
         *pool_views(pool), a.page_size, a.page_bytes, a.data_stride, a.scale_base, a.scale_stride,
-        D=D, ROPE=g.rope, RATIO=R, RB=16, KIND=a.kind, NOPE=a.nope, TILE=a.tile,
+        D=D, HALF_P=a.main_p // 2, ROPE=g.rope, RATIO=R, RB=min(16, R), KIND=a.kind, NOPE=a.nope, TILE=a.tile,
         SCALE_BYTES=g.scale_stride if a.kind == 1 else 0, num_warps=4,
     )  # fmt: skip
 
@@ -95,17 +108,21 @@ def hca_state_update(
     positions: torch.Tensor,
     req_slot: torch.Tensor,
     seq_lens: torch.Tensor,
+    *,
+    ratio: int,
 ) -> None:
     """state[req_slot[i], positions[i] % ring] = kvs[i] for each new token i whose block is one of the
-    request's last ``blocks = ring // 128`` blocks at the end of the batch, i.e.
-    positions[i] >= 128 * (seq_lens[i] // 128 - blocks + 1) (ring 128: the open block; ring 256: the open
-    block and the one before it, which a rejected draft may need to recompute); req_slot -1 skips.
+    request's last ``blocks = ring // ratio`` blocks at the end of the batch, i.e.
+    positions[i] >= ratio * (seq_lens[i] // ratio - blocks + 1) (ring = ratio: the open block; 2 * ratio: the
+    open block and the one before it, which a rejected draft may need to recompute); req_slot -1 skips.
 
-    state fp32 [slots, ring, 2D], ring = 128 or 256; kvs fp32 [N, 2D]; positions, req_slot, seq_lens int [N]
-    (per token: its position, its request's state slot, its request's sequence length after this batch).
-    Within one request the written positions span at most ``ring`` consecutive values (distinct rows)."""
+    state fp32 [slots, ring, 2D], ring = ratio or 2 * ratio; kvs fp32 [N, 2D]; positions, req_slot, seq_lens
+    int [N] (per token: its position, its request's state slot, its request's sequence length after this
+    batch); ratio: the layer's compress ratio (a divisor of the 256-token page). Within one request the
+    written positions span at most ``ring`` consecutive values (distinct rows)."""
     N = kvs.shape[0]
-    R = HCA_COMPRESS_RATIO
+    _check_ratio(ratio)
+    R = ratio
     check(
         state.dim() == 3 and state.shape[1] in (R, 2 * R) and state.stride(2) == 1,
         f"state: [slots, {R} or {2 * R} (ring of 1 or 2 blocks), 2D], got {tuple(state.shape)}",
@@ -117,26 +134,25 @@ def hca_state_update(
             t.shape == (N,) and t.dtype in (torch.int32, torch.int64) and t.is_contiguous(), f"{n}: int [{N}]"
         )
     W = state.shape[2]
-    check(W & (W - 1) == 0, f"state row width {W} must be a power of two")
     if N == 0:
         return
     hca_state_update_kernel[(N,)](
         kvs, kvs.stride(0), state, state.stride(0), state.stride(1), positions, req_slot, seq_lens,
-        W=W, RATIO=R, RING=state.shape[1], num_warps=4,
+        W=W, W_P=triton.next_power_of_2(W), RATIO=R, RING=state.shape[1], num_warps=4,
     )  # fmt: skip
 
 
 def plan_compress_jobs(
-    prefix_lens: list[int], seq_lens: list[int], req_slots: list[int], cmp_slot, device=None
+    prefix_lens: list[int], seq_lens: list[int], req_slots: list[int], cmp_slot, device=None, *, ratio: int
 ) -> tuple[torch.Tensor, ...]:
-    """Host-side job list for a batch (extend or decode): every block j with 128(j+1) in
+    """Host-side job list for a batch (extend or decode): every block j with ratio * (j+1) in
     (prefix_len, seq_len]. ``cmp_slot(request index, j)`` gives the compressed slot.
     Returns (job_req_slot, job_block, job_ext_start, job_tok_start, job_out_slot) int32 tensors."""
     rows = []
     tok = 0
     for r, (p, L, s) in enumerate(zip(prefix_lens, seq_lens, req_slots)):
-        for j in range(p // HCA_COMPRESS_RATIO, L // HCA_COMPRESS_RATIO):
-            if HCA_COMPRESS_RATIO * (j + 1) > p:
+        for j in range(p // ratio, L // ratio):
+            if ratio * (j + 1) > p:
                 rows.append((s, j, p, tok, cmp_slot(r, j)))
         tok += L - p
     t = torch.tensor(rows, dtype=torch.int32, device=device).view(-1, 5)

@@ -24,8 +24,8 @@ def indexer_logits(
 ) -> torch.Tensor:  # fmt: skip
     """Returns logits fp32 [T, max_len]: I(t, s) for s <= q_pos[t], -inf for s > q_pos[t].
 
-    qI:         bf16 [T, nI, dI] (dI = g.dim = 128; RoPE already applied), last dim contiguous; fp32 runs the
-                dots in IEEE fp32 (exactness runs with fp32 activations).
+    qI:         bf16 [T, nI, dI] (dI = g.dim: 128 at full size, any even width; RoPE already applied),
+                last dim contiguous; fp32 runs the dots in IEEE fp32 (exactness runs with fp32 activations).
     w:          fp32 [T, nI] (weights_proj output times nI^-0.5 * dI^-0.5).
     pool:       indexer key pool, uint8 [pages, g.page_bytes] (IDX_FP8 or IDX_BF16).
     page_table: int32 [B, max_pages]: page of position s of request b is page_table[b, s // page_size].
@@ -61,8 +61,8 @@ def indexer_logits(
         qI, qI.stride(0), qI.stride(1), w, w.stride(0), page_table, page_table.stride(0), q_req, q_pos,
         out, out.stride(0), max_len, keys_per_prog, NI,
         *pool_views(pool), a.page_size, a.page_bytes, a.data_stride, a.scale_base, a.scale_stride,
-        KIND=a.kind, DI=DI, BNI=max(16, triton.next_power_of_2(NI)), BN=block_n, DT=dot_dtype(qI.dtype == torch.float32), num_warps=num_warps,
-        num_stages=num_stages,
+        KIND=a.kind, DI=DI, DI_P=a.main_p, NOPE=a.nope, TILE=a.tile, BNI=max(16, triton.next_power_of_2(NI)),
+        BN=block_n, DT=dot_dtype(qI.dtype == torch.float32), num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     return out
 

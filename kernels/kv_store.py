@@ -22,7 +22,7 @@ def kv_store(pool: torch.Tensor, g: Geometry, loc: torch.Tensor, x: torch.Tensor
     g:    the pool's Geometry (hca_geometry / mla_geometry / idx_geometry).
     loc:  [N] int32/int64 cache slots (page * page_size + offset); -1 skips the token.
     x:    [N, W] bf16/fp16/fp32, last dim contiguous; W = g.dim for HCA and indexer pools,
-          g.dim + g.rope ([latent | k_rope]) for MLA pools. Rope dims must already be rotated.
+          g.dim + g.rope ([latent | k_rope]) for MLA pools (any even widths). Rope dims must already be rotated.
     """
     a = pool_args(g)
     check_pool(pool, g, "kv_store.pool")
@@ -44,6 +44,6 @@ def kv_store(pool: torch.Tensor, g: Geometry, loc: torch.Tensor, x: torch.Tensor
     kv_store_kernel[(x.shape[0],)](
         x, x.stride(0), loc, u8, f8, bf, f32,
         a.page_size, a.page_bytes, a.data_stride, a.scale_base, a.scale_stride,
-        KIND=a.kind, MAIN=a.main, NOPE=a.nope, TILE=a.tile, TAIL=a.tail, TAIL_OFF=a.tail_off,
-        SCALE_BYTES=g.scale_stride if a.kind == 1 else 0, num_warps=4,
+        KIND=a.kind, MAIN=a.main, MAIN_P=a.main_p, NOPE=a.nope, TILE=a.tile, TAIL=a.tail, TAIL_P=a.tail_p,
+        TAIL_OFF=a.tail_off, SCALE_BYTES=g.scale_stride if a.kind == 1 else 0, num_warps=4,
     )  # fmt: skip

@@ -215,11 +215,15 @@ HCA_STATE_ROWS = HCA_COMPRESS_RATIO  # rows of a one-block ring (ring rows = blo
 
 
 def hca_state_alloc(
-    num_req_slots: int, dim: int = HCA_HEAD_DIM, device=None, blocks: int = HCA_STATE_BLOCKS
+    num_req_slots: int,
+    dim: int = HCA_HEAD_DIM,
+    device=None,
+    blocks: int = HCA_STATE_BLOCKS,
+    ratio: int = HCA_COMPRESS_RATIO,
 ) -> torch.Tensor:
-    """``[num_req_slots, blocks * 128, 2 * dim]`` fp32; row ``p % (blocks * 128)`` of a request holds token
-    p's ``wkv_gate`` output ``[values | scores]`` while p's block is among the request's last ``blocks``
-    (the open one, and with two blocks also the one before it)."""
+    """``[num_req_slots, blocks * ratio, 2 * dim]`` fp32; row ``p % (blocks * ratio)`` of a request holds
+    token p's ``wkv_gate`` output ``[values | scores]`` while p's block is among the request's last ``blocks``
+    (the open one, and with two blocks also the one before it). ``ratio``: the layer's compress_ratio."""
     if blocks not in (HCA_STATE_BLOCKS, HCA_STATE_BLOCKS_SPEC):
         raise ValueError(f"hca_state_alloc: blocks must be 1 or 2 (2 under speculative decoding), got {blocks}")
-    return torch.zeros(num_req_slots, blocks * HCA_STATE_ROWS, 2 * dim, dtype=torch.float32, device=device)
+    return torch.zeros(num_req_slots, blocks * ratio, 2 * dim, dtype=torch.float32, device=device)

@@ -17,6 +17,9 @@ dequantised exactly as `kernels_ref.pool_gather` does):
 - MLA-DSA (absorbed): q = [q_nope @ W_UK (512) | q_pe (64)], main = latent pool with the top-k
   slots, no extra, no sink, sm_scale = (128 + 64)**-0.5, d_v = 512 (o_latent; apply W_UV after).
 
+Widths: any even ones (HCA head_dim with its rope inside, MLA latent + rope tail, d_v); inside the kernels a
+row is held at the next power of two with the extra columns masked (kernels/_pool.py `padded`).
+
 The API is FlashMLA's sparse decode (indices = slots, -1 invalid, topk_length per query, extra
 cache + extra indices + extra length, attn_sink), so `flashmla_sparse_attention` below can sit behind
 the same call where FlashMLA's geometry fits (fp8 pools, D = 512 / 576, 64 or 128 heads).
@@ -91,11 +94,12 @@ def sparse_mqa_attention(
 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """Returns (out [T, h, d_v] bf16 (or ``out``'s dtype), lse [T, h] fp32, natural log, without the sink).
 
-    q:     [T, h, D] bf16, last dim contiguous; D = main.geom main + rope widths (HCA 512, MLA 576). An fp32
-           q runs every dot in IEEE fp32 (keys and softmax weights too): the exactness mode of fp32 activations.
+    q:     [T, h, D] bf16, last dim contiguous; D = main.geom main + rope widths (HCA 512, MLA 576 at full
+           size; any even widths, e.g. HCA 96, MLA 96 + 32). An fp32 q runs every dot in IEEE fp32 (keys and
+           softmax weights too): the exactness mode of fp32 activations.
     main:  Scope (see above); extra: optional Scope with the same layout kind (HCA compressed pool).
     sink:  fp32 [h] raw logits (added as exp(sink) to the denominator) or None.
-    d_v:   512 (value = first d_v dims of the key; must equal the main width or main + rope).
+    d_v:   the main width (value = first d_v dims of the key: HCA head_dim, MLA latent) or main + rope.
     out:   optional [T, h, d_v] tensor written in place (any float dtype; last dim contiguous).
     num_splits / block_h / block_n / num_warps / num_stages: tuning; defaults pick a split count that
            gives ~2 programs per SM.
@@ -133,8 +137,8 @@ def sparse_mqa_attention(
     )
     check(variant in VARIANTS, f"variant: one of {VARIANTS}, got {variant!r}")
     if variant == "dchunk":
-        check(block_d >= 16 and block_d & (block_d - 1) == 0 and a.main % block_d == 0 and a.main // block_d <= 8,
-              f"block_d: a power of two >= 16 dividing {a.main} into at most 8 chunks, got {block_d}")  # fmt: skip
+        check(block_d >= 16 and block_d & (block_d - 1) == 0 and a.main_p % block_d == 0 and a.main_p // block_d <= 8,
+              f"block_d: a power of two >= 16 dividing {a.main_p} into at most 8 chunks, got {block_d}")  # fmt: skip
         check(a.kind == 0 or a.tile % block_d == 0 or block_d % a.tile == 0,
               f"block_d: must divide or be a multiple of the fp8 scale tile {a.tile}, got {block_d}")  # fmt: skip
     lse = torch.empty(T, H, dtype=torch.float32, device=q.device)
@@ -190,8 +194,8 @@ def sparse_mqa_attention(
         *ub, gb.page_size, gb.page_bytes, gb.data_stride, gb.scale_base, gb.scale_stride,
         sink if sink is not None else lse, float(sm_scale),
         out, out.stride(0), out.stride(1), lse, part, plse, num_splits,
-        KIND=a.kind, MAIN=a.main, NOPE=a.nope, TILE=a.tile, TAIL=a.tail, TAIL_OFF=a.tail_off,
-        V_TAIL=v_tail, **common,
+        KIND=a.kind, MAIN=a.main, MAIN_P=a.main_p, NOPE=a.nope, TILE=a.tile, TAIL=a.tail, TAIL_P=a.tail_p,
+        TAIL_OFF=a.tail_off, V_TAIL=v_tail, **common,
     )  # fmt: skip
     if not single:
         sparse_attn_combine_kernel[(T, H)](

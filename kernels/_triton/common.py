@@ -4,6 +4,11 @@ A pool is read through four typed views of the same bytes (uint8, e4m3, bf16, fp
 below is in bytes and is divided by the view's element size (layouts keep fields aligned).
 Layout kinds (constexpr ``KIND``): 0 = bf16 (every value bf16), 1 = fp8 with ue8m0 scale bytes
 (HCA_FP8), 2 = fp8 with fp32 scales (MLA_FP8 / IDX_FP8).
+
+Widths: a row of ``MAIN`` values is held as ``MAIN_P`` register columns (``_pool.padded``: a power of two,
+a whole number of scale tiles); columns ``MAIN .. MAIN_P - 1`` read as 0 and are never stored. The masks
+that do this are added only when a row has such columns (constexpr tests: ``cols``, ``within``), so
+power-of-two widths compile to the unmasked code.
 """
 
 from __future__ import annotations
@@ -71,6 +76,24 @@ def round_bf16(x):
 
 
 @triton.jit
+def cols(mask, d, W: tl.constexpr, END: tl.constexpr):
+    """``mask`` [rows, n] limited to the columns ``d < W`` of a W-wide row, where ``d`` [n] are column indices
+    that end before END (the padded width, or a chunk's end); returned as it is when END <= W (no column
+    past the row: no extra mask, the unpadded code)."""
+    if END > W:
+        mask = mask & (d < W)[None, :]
+    return mask
+
+
+@triton.jit
+def within(mask, d, W: tl.constexpr, END: tl.constexpr):
+    """``cols`` for a 1-D ``mask`` [n]."""
+    if END > W:
+        mask = mask & (d < W)
+    return mask
+
+
+@triton.jit
 def token_rows(slots, page_size, page_bytes, data_stride, scale_base, scale_stride):
     """Byte offsets (int64) of each slot's data row and scale row."""
     s = slots.to(tl.int64)
@@ -83,34 +106,38 @@ def token_rows(slots, page_size, page_bytes, data_stride, scale_base, scale_stri
 @triton.jit
 def load_main(
     u8_ptr, f8_ptr, bf_ptr, f32_ptr, row, srow, valid,
-    KIND: tl.constexpr, MAIN: tl.constexpr, NOPE: tl.constexpr, TILE: tl.constexpr, BN: tl.constexpr,
-    DT: tl.constexpr = tl.float32,
+    KIND: tl.constexpr, MAIN: tl.constexpr, MAIN_P: tl.constexpr, NOPE: tl.constexpr, TILE: tl.constexpr,
+    BN: tl.constexpr, DT: tl.constexpr = tl.float32,
 ):  # fmt: skip
-    """[BN, MAIN] values (dtype DT) of the main segment of BN tokens (rows/srows [BN] byte offsets).
+    """[BN, MAIN_P] values (dtype DT) of the main segment of BN tokens (rows/srows [BN] byte offsets); columns
+    >= MAIN are 0.
 
     Dims d < NOPE are fp8 at ``row + d`` times their tile's scale (KIND 1/2); dims d >= NOPE are
     bf16 at ``row + NOPE + 2 * (d - NOPE)`` (all of them for KIND 0, where NOPE = 0). The scales are
     powers of two, so e4m3 * scale is exact in bf16: DT = bf16 keeps the tile at half the registers."""
-    d = tl.arange(0, MAIN)
+    d = tl.arange(0, MAIN_P)
     vmask = valid[:, None]
     if KIND == 0:
-        v = tl.load(bf_ptr + (row[:, None] + 2 * d[None, :]) // 2, mask=vmask, other=0.0).to(DT)
+        v = tl.load(
+            bf_ptr + (row[:, None] + 2 * d[None, :]) // 2, mask=cols(vmask, d, MAIN, MAIN_P), other=0.0
+        ).to(DT)
     else:
-        NT: tl.constexpr = MAIN // TILE
+        NT: tl.constexpr = MAIN_P // TILE
+        NQT: tl.constexpr = (NOPE + TILE - 1) // TILE  # tiles holding fp8 dims
         is_q = d < NOPE
         q = tl.load(f8_ptr + row[:, None] + d[None, :], mask=vmask & is_q[None, :], other=0.0).to(DT)
         t = tl.arange(0, NT)
-        tmask = vmask & (t < NOPE // TILE)[None, :]
+        tmask = vmask & (t < NQT)[None, :]
         if KIND == 1:
             sb = tl.load(u8_ptr + srow[:, None] + t[None, :], mask=tmask, other=127).to(tl.int32)
             sc = (sb << 23).to(tl.float32, bitcast=True)
         else:
             sc = tl.load(f32_ptr + (srow[:, None] + 4 * t[None, :]) // 4, mask=tmask, other=1.0)
-        q = tl.reshape(tl.reshape(q, (BN, NT, TILE)) * sc.to(DT)[:, :, None], (BN, MAIN))
+        q = tl.reshape(tl.reshape(q, (BN, NT, TILE)) * sc.to(DT)[:, :, None], (BN, MAIN_P))
         if NOPE < MAIN:
             b = tl.load(
                 bf_ptr + (row[:, None] + NOPE + 2 * (d[None, :] - NOPE)) // 2,
-                mask=vmask & (d >= NOPE)[None, :],
+                mask=cols(vmask & (d >= NOPE)[None, :], d, MAIN, MAIN_P),
                 other=0.0,
             ).to(DT)
             v = tl.where(is_q[None, :], q, b)
@@ -145,20 +172,25 @@ def _tile_scale(sc_row, valid, T0: tl.constexpr, KIND: tl.constexpr):
 @triton.jit
 def load_chunk(
     f8_row, bf_row, sc_row, valid,
-    D0: tl.constexpr, W: tl.constexpr, KIND: tl.constexpr, NOPE: tl.constexpr, TILE: tl.constexpr,
-    BN: tl.constexpr, DT: tl.constexpr = tl.float32,
+    D0: tl.constexpr, W: tl.constexpr, KIND: tl.constexpr, MAIN: tl.constexpr, NOPE: tl.constexpr,
+    TILE: tl.constexpr, BN: tl.constexpr, DT: tl.constexpr = tl.float32,
 ):  # fmt: skip
     """[BN, W] values (dtype DT) of main-segment dims D0 .. D0 + W - 1 of BN tokens given their row pointers
     (``row_ptrs``): the same values as those columns of ``load_main`` (same loads, same dequantisation), read
     chunk by chunk so that only W columns are live in registers. Requires D0 % W == 0 and, for fp8 kinds,
     TILE % W == 0 or W % TILE == 0. A chunk that lies wholly in the fp8 (d < NOPE) or in the bf16 part reads
-    only that part (no select between two full-width loads)."""
+    only that part (no select between two full-width loads). Columns >= MAIN (the padding of a row that is
+    not a power of two wide) are 0; a chunk of padding only reads nothing."""
     d = D0 + tl.arange(0, W)
     vmask = valid[:, None]
-    if KIND == 0:
-        v = tl.load(bf_row[:, None] + d[None, :], mask=vmask, other=0.0).to(DT)
+    if D0 >= MAIN:
+        v = tl.zeros([BN, W], DT)
+    elif KIND == 0:
+        v = tl.load(bf_row[:, None] + d[None, :], mask=cols(vmask, d, MAIN, D0 + W), other=0.0).to(DT)
     elif D0 >= NOPE:  # bf16 dims only (at byte NOPE + 2 * (d - NOPE) of the row)
-        v = tl.load(bf_row[:, None] + (d[None, :] - NOPE // 2), mask=vmask, other=0.0).to(DT)
+        v = tl.load(
+            bf_row[:, None] + (d[None, :] - NOPE // 2), mask=cols(vmask, d, MAIN, D0 + W), other=0.0
+        ).to(DT)
     else:
         if D0 + W > NOPE:
             q = tl.load(f8_row[:, None] + d[None, :], mask=vmask & (d < NOPE)[None, :], other=0.0).to(DT)
@@ -174,8 +206,11 @@ def load_chunk(
                     sc = tl.where((d >= D0 + j * TILE)[None, :], sj[:, None], sc)
             q = q * sc
         if D0 + W > NOPE:
-            b = tl.load(bf_row[:, None] + (d[None, :] - NOPE // 2), mask=vmask & (d >= NOPE)[None, :],
-                        other=0.0).to(DT)  # fmt: skip
+            b = tl.load(
+                bf_row[:, None] + (d[None, :] - NOPE // 2),
+                mask=cols(vmask & (d >= NOPE)[None, :], d, MAIN, D0 + W),
+                other=0.0,
+            ).to(DT)
             v = tl.where((d < NOPE)[None, :], q, b)
         else:
             v = q
@@ -183,38 +218,52 @@ def load_chunk(
 
 
 @triton.jit
-def load_tail(bf_ptr, row, valid, TAIL_OFF: tl.constexpr, TAIL: tl.constexpr, DT: tl.constexpr = tl.float32):
-    """[BN, TAIL] (dtype DT): TAIL bf16 values at ``row + TAIL_OFF``."""
-    d = tl.arange(0, TAIL)
+def load_tail(
+    bf_ptr,
+    row,
+    valid,
+    TAIL_OFF: tl.constexpr,
+    TAIL: tl.constexpr,
+    TAIL_P: tl.constexpr,
+    DT: tl.constexpr = tl.float32,
+):
+    """[BN, TAIL_P] (dtype DT): TAIL bf16 values at ``row + TAIL_OFF``, columns >= TAIL 0."""
+    d = tl.arange(0, TAIL_P)
     ptr = bf_ptr + (row[:, None] + TAIL_OFF + 2 * d[None, :]) // 2
-    return tl.load(ptr, mask=valid[:, None], other=0.0).to(DT)
+    return tl.load(ptr, mask=cols(valid[:, None], d, TAIL, TAIL_P), other=0.0).to(DT)
 
 
 @triton.jit
 def encode_store(
     x, row, srow, u8_ptr, f8_ptr, bf_ptr, f32_ptr,
-    KIND: tl.constexpr, MAIN: tl.constexpr, NOPE: tl.constexpr, TILE: tl.constexpr, SCALE_BYTES: tl.constexpr,
+    KIND: tl.constexpr, MAIN: tl.constexpr, MAIN_P: tl.constexpr, NOPE: tl.constexpr, TILE: tl.constexpr,
+    SCALE_BYTES: tl.constexpr,
 ):  # fmt: skip
-    """Store one token's main segment x [MAIN] fp32 at data row ``row`` / scale row ``srow`` (bytes):
-    bf16 (KIND 0), or fp8 dims < NOPE with power-of-two tile scales (ue8m0 bytes for KIND 1, fp32
-    for KIND 2) and bf16 dims >= NOPE at ``row + NOPE + 2 * (d - NOPE)``."""
-    d = tl.arange(0, MAIN)
+    """Store one token's main segment x [MAIN_P] fp32 (columns >= MAIN zero, never stored) at data row ``row``
+    / scale row ``srow`` (bytes): bf16 (KIND 0), or fp8 dims < NOPE with power-of-two tile scales (ue8m0 bytes
+    for KIND 1, fp32 for KIND 2) and bf16 dims >= NOPE at ``row + NOPE + 2 * (d - NOPE)``."""
+    d = tl.arange(0, MAIN_P)
     if KIND == 0:
-        tl.store(bf_ptr + (row + 2 * d) // 2, round_bf16(x).to(tl.bfloat16))
+        if MAIN_P > MAIN:
+            tl.store(bf_ptr + (row + 2 * d) // 2, round_bf16(x).to(tl.bfloat16), mask=d < MAIN)
+        else:
+            tl.store(bf_ptr + (row + 2 * d) // 2, round_bf16(x).to(tl.bfloat16))
     else:
-        NT: tl.constexpr = MAIN // TILE
-        NQT: tl.constexpr = NOPE // TILE
+        NT: tl.constexpr = MAIN_P // TILE
+        NQT: tl.constexpr = (NOPE + TILE - 1) // TILE  # tiles holding fp8 dims
         t = tl.arange(0, NT)
         is_q = d < NOPE
         x3 = tl.reshape(x, (NT, TILE))
         amax = tl.maximum(tl.max(tl.abs(x3), axis=1), 1e-8)
         e = pow2_exponent(amax)
-        q = tl.reshape(x3 * pow2_float(-e)[:, None], (MAIN,))
+        q = tl.reshape(x3 * pow2_float(-e)[:, None], (MAIN_P,))
         r = round_e4m3(tl.minimum(tl.maximum(q, -448.0), 448.0))
         tl.store(u8_ptr + row + d, e4m3_bits(r, q), mask=is_q)
         if NOPE < MAIN:
             tl.store(
-                bf_ptr + (row + NOPE + 2 * (d - NOPE)) // 2, round_bf16(x).to(tl.bfloat16), mask=d >= NOPE
+                bf_ptr + (row + NOPE + 2 * (d - NOPE)) // 2,
+                round_bf16(x).to(tl.bfloat16),
+                mask=within(d >= NOPE, d, MAIN, MAIN_P),
             )
         if KIND == 1:
             sb = tl.where(t < NQT, e + 127, 0).to(tl.uint8)

@@ -1,11 +1,12 @@
-"""Triton body of kernels/indexer.py: lightning-indexer logits over the paged indexer-key pool."""
+"""Triton body of kernels/indexer.py: lightning-indexer logits over the paged indexer-key pool. Key and query
+rows of DI values are held at DI_P columns (a power of two); the padding columns read 0."""
 
 from __future__ import annotations
 
 import triton
 import triton.language as tl
 
-from .common import load_main, token_rows
+from .common import cols, load_main, token_rows
 
 
 @triton.jit
@@ -13,15 +14,18 @@ def indexer_logits_kernel(
     q_ptr, q_stride_t, q_stride_h, w_ptr, w_stride_t, pt_ptr, pt_stride, req_ptr, pos_ptr,
     out_ptr, out_stride, max_len, keys_per_prog, NI,
     u8_ptr, f8_ptr, bf_ptr, f32_ptr, page_size, page_bytes, data_stride, scale_base, scale_stride,
-    KIND: tl.constexpr, DI: tl.constexpr, BNI: tl.constexpr, BN: tl.constexpr, DT: tl.constexpr,
+    KIND: tl.constexpr, DI: tl.constexpr, DI_P: tl.constexpr, NOPE: tl.constexpr, TILE: tl.constexpr,
+    BNI: tl.constexpr, BN: tl.constexpr, DT: tl.constexpr,
 ):  # fmt: skip
     t = tl.program_id(0).to(tl.int64)
     sp = tl.program_id(1)
     h = tl.arange(0, BNI)
     hm = h < NI
-    d = tl.arange(0, DI)
+    d = tl.arange(0, DI_P)
     q = tl.load(
-        q_ptr + t * q_stride_t + h[:, None] * q_stride_h + d[None, :], mask=hm[:, None], other=0.0
+        q_ptr + t * q_stride_t + h[:, None] * q_stride_h + d[None, :],
+        mask=cols(hm[:, None], d, DI, DI_P),
+        other=0.0,
     ).to(DT)
     w = tl.load(w_ptr + t * w_stride_t + h, mask=hm, other=0.0)
     req = tl.load(req_ptr + t).to(tl.int64)
@@ -34,7 +38,7 @@ def indexer_logits_kernel(
         page = tl.load(pt_ptr + req * pt_stride + s // page_size, mask=valid, other=0).to(tl.int64)
         slots = page * page_size + s % page_size
         row, srow = token_rows(slots, page_size, page_bytes, data_stride, scale_base, scale_stride)
-        k = load_main(u8_ptr, f8_ptr, bf_ptr, f32_ptr, row, srow, valid, KIND, DI, DI, DI, BN, DT)
+        k = load_main(u8_ptr, f8_ptr, bf_ptr, f32_ptr, row, srow, valid, KIND, DI, DI_P, NOPE, TILE, BN, DT)
         sc = tl.dot(q, tl.trans(k), input_precision="ieee")
         sc = tl.maximum(sc, 0.0) * w[:, None]
         logit = tl.sum(sc, 0)

@@ -1,4 +1,7 @@
-"""Triton body of kernels/kv_store.py: quantise tokens into a paged pool (one program per token)."""
+"""Triton body of kernels/kv_store.py: quantise tokens into a paged pool (one program per token).
+
+A token row is [main MAIN | tail TAIL]; each segment is held at its padded width (MAIN_P, TAIL_P: powers of
+two) with the columns past the real width masked (read as 0, not stored)."""
 
 from __future__ import annotations
 
@@ -12,8 +15,8 @@ from .common import encode_store, round_bf16, token_rows
 def kv_store_kernel(
     x_ptr, x_stride, loc_ptr, u8_ptr, f8_ptr, bf_ptr, f32_ptr,
     page_size, page_bytes, data_stride, scale_base, scale_stride,
-    KIND: tl.constexpr, MAIN: tl.constexpr, NOPE: tl.constexpr, TILE: tl.constexpr,
-    TAIL: tl.constexpr, TAIL_OFF: tl.constexpr, SCALE_BYTES: tl.constexpr,
+    KIND: tl.constexpr, MAIN: tl.constexpr, MAIN_P: tl.constexpr, NOPE: tl.constexpr, TILE: tl.constexpr,
+    TAIL: tl.constexpr, TAIL_P: tl.constexpr, TAIL_OFF: tl.constexpr, SCALE_BYTES: tl.constexpr,
 ):  # fmt: skip
     i = tl.program_id(0)
     slot = tl.load(loc_ptr + i).to(tl.int64)
@@ -21,10 +24,18 @@ def kv_store_kernel(
         return
     row, srow = token_rows(slot, page_size, page_bytes, data_stride, scale_base, scale_stride)
     xrow = x_ptr + i.to(tl.int64) * x_stride
-    x = tl.load(xrow + tl.arange(0, MAIN)).to(tl.float32)
-    encode_store(x, row, srow, u8_ptr, f8_ptr, bf_ptr, f32_ptr, KIND, MAIN, NOPE, TILE, SCALE_BYTES)
+    d = tl.arange(0, MAIN_P)
+    if MAIN_P > MAIN:  # the padding columns must read 0: they share the fp8 amax of the last tile
+        x = tl.load(xrow + d, mask=d < MAIN, other=0.0).to(tl.float32)
+    else:
+        x = tl.load(xrow + d).to(tl.float32)
+    encode_store(x, row, srow, u8_ptr, f8_ptr, bf_ptr, f32_ptr, KIND, MAIN, MAIN_P, NOPE, TILE, SCALE_BYTES)
     if TAIL > 0:
-        dt = tl.arange(0, TAIL)
-        xt = tl.load(xrow + MAIN + dt).to(tl.float32)
+        dt = tl.arange(0, TAIL_P)
         # round in integer arithmetic first (the interpreter's fp32 -> bf16 cast truncates)
-        tl.store(bf_ptr + (row + TAIL_OFF + 2 * dt) // 2, round_bf16(xt).to(tl.bfloat16))
+        if TAIL_P > TAIL:
+            xt = tl.load(xrow + MAIN + dt, mask=dt < TAIL, other=0.0).to(tl.float32)
+            tl.store(bf_ptr + (row + TAIL_OFF + 2 * dt) // 2, round_bf16(xt).to(tl.bfloat16), mask=dt < TAIL)
+        else:
+            xt = tl.load(xrow + MAIN + dt).to(tl.float32)
+            tl.store(bf_ptr + (row + TAIL_OFF + 2 * dt) // 2, round_bf16(xt).to(tl.bfloat16))

@@ -8,6 +8,10 @@ Softmax in base 2: logits are multiplied by scale * log2(e). ``DT`` is the dot o
 GPUs (production), fp32 for an fp32 query (exactness runs with fp32 activations) and under TRITON_INTERPRET=1
 (the CPU interpreter's bf16 dot is wrong in Triton 3.8); every dot asks for IEEE precision, which only matters
 for fp32 operands (Triton's default there is TF32).
+
+Widths: the key / query / output main segment is MAIN wide and held as MAIN_P register columns, the rope tail
+TAIL as TAIL_P (powers of two, kernels/_pool.py `padded`); the padding columns load as 0 (so they add nothing
+to a dot product) and are never stored. For power-of-two widths MAIN_P == MAIN and no mask is added.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .common import load_chunk, load_main, load_tail, row_ptrs, token_rows
+from .common import cols, load_chunk, load_main, load_tail, row_ptrs, token_rows
 
 
 @triton.jit
@@ -24,8 +28,9 @@ def _attend_scope(
     idx_ptr, idx_stride, t, lo, hi,
     u8_ptr, f8_ptr, bf_ptr, f32_ptr, page_size, page_bytes, data_stride, scale_base, scale_stride,
     qk_scale,
-    KIND: tl.constexpr, MAIN: tl.constexpr, NOPE: tl.constexpr, TILE: tl.constexpr,
-    TAIL: tl.constexpr, TAIL_OFF: tl.constexpr, V_TAIL: tl.constexpr, BN: tl.constexpr, DT: tl.constexpr,
+    KIND: tl.constexpr, MAIN: tl.constexpr, MAIN_P: tl.constexpr, NOPE: tl.constexpr, TILE: tl.constexpr,
+    TAIL: tl.constexpr, TAIL_P: tl.constexpr, TAIL_OFF: tl.constexpr, V_TAIL: tl.constexpr, BN: tl.constexpr,
+    DT: tl.constexpr,
 ):  # fmt: skip
     offs = tl.arange(0, BN)
     for n0 in range(lo, hi, BN):
@@ -34,10 +39,12 @@ def _attend_scope(
         slots = tl.load(idx_ptr + t * idx_stride + n, mask=inb, other=-1)
         valid = inb & (slots >= 0)
         row, srow = token_rows(slots, page_size, page_bytes, data_stride, scale_base, scale_stride)
-        k = load_main(u8_ptr, f8_ptr, bf_ptr, f32_ptr, row, srow, valid, KIND, MAIN, NOPE, TILE, BN, DT)
+        k = load_main(
+            u8_ptr, f8_ptr, bf_ptr, f32_ptr, row, srow, valid, KIND, MAIN, MAIN_P, NOPE, TILE, BN, DT
+        )
         s = tl.dot(q, tl.trans(k), input_precision="ieee")
         if TAIL > 0:
-            kt = load_tail(bf_ptr, row, valid, TAIL_OFF, TAIL, DT)
+            kt = load_tail(bf_ptr, row, valid, TAIL_OFF, TAIL, TAIL_P, DT)
             s += tl.dot(q_t, tl.trans(kt), input_precision="ieee")
         s = tl.where(valid[None, :], s * qk_scale, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -64,8 +71,8 @@ def sparse_attn_split_kernel(
     b_u8, b_f8, b_bf, b_f32, b_ps, b_pb, b_ds, b_sb, b_ss,
     sink_ptr, sm_scale,
     o_ptr, o_stride_t, o_stride_h, lse_ptr, part_ptr, plse_ptr, n_split,
-    KIND: tl.constexpr, MAIN: tl.constexpr, NOPE: tl.constexpr, TILE: tl.constexpr,
-    TAIL: tl.constexpr, TAIL_OFF: tl.constexpr, V_TAIL: tl.constexpr,
+    KIND: tl.constexpr, MAIN: tl.constexpr, MAIN_P: tl.constexpr, NOPE: tl.constexpr, TILE: tl.constexpr,
+    TAIL: tl.constexpr, TAIL_P: tl.constexpr, TAIL_OFF: tl.constexpr, V_TAIL: tl.constexpr,
     HAS_B: tl.constexpr, HAS_LA: tl.constexpr, HAS_LB: tl.constexpr, HAS_SINK: tl.constexpr,
     SINGLE: tl.constexpr, BH: tl.constexpr, BN: tl.constexpr, DT: tl.constexpr,
 ):  # fmt: skip
@@ -77,13 +84,17 @@ def sparse_attn_split_kernel(
 
     h = hb * BH + tl.arange(0, BH)
     hmask = h < H
-    d = tl.arange(0, MAIN)
-    q = tl.load(q_ptr + t * q_stride_t + h[:, None] * q_stride_h + d[None, :], mask=hmask[:, None], other=0.0)
+    d = tl.arange(0, MAIN_P)
+    q = tl.load(
+        q_ptr + t * q_stride_t + h[:, None] * q_stride_h + d[None, :],
+        mask=cols(hmask[:, None], d, MAIN, MAIN_P),
+        other=0.0,
+    )
     q = q.to(DT)
     if TAIL > 0:
-        dt = tl.arange(0, TAIL)
-        q_t = tl.load(q_ptr + t * q_stride_t + h[:, None] * q_stride_h + MAIN + dt[None, :], mask=hmask[:, None],
-                      other=0.0).to(DT)  # fmt: skip
+        dt = tl.arange(0, TAIL_P)
+        q_t = tl.load(q_ptr + t * q_stride_t + h[:, None] * q_stride_h + MAIN + dt[None, :],
+                      mask=cols(hmask[:, None], dt, TAIL, TAIL_P), other=0.0).to(DT)  # fmt: skip
     else:
         q_t = q
 
@@ -98,9 +109,9 @@ def sparse_attn_split_kernel(
 
     m_i = tl.full([BH], float("-inf"), tl.float32)
     l_i = tl.zeros([BH], tl.float32)
-    acc = tl.zeros([BH, MAIN], tl.float32)
+    acc = tl.zeros([BH, MAIN_P], tl.float32)
     if V_TAIL:
-        acc_t = tl.zeros([BH, TAIL], tl.float32)
+        acc_t = tl.zeros([BH, TAIL_P], tl.float32)
     else:
         acc_t = tl.zeros([BH, 1], tl.float32)
 
@@ -111,7 +122,7 @@ def sparse_attn_split_kernel(
     m_i, l_i, acc, acc_t = _attend_scope(
         m_i, l_i, acc, acc_t, q, q_t, ia_ptr, ia_stride, t, lo, hi,
         a_u8, a_f8, a_bf, a_f32, a_ps, a_pb, a_ds, a_sb, a_ss, qk_scale,
-        KIND, MAIN, NOPE, TILE, TAIL, TAIL_OFF, V_TAIL, BN, DT,
+        KIND, MAIN, MAIN_P, NOPE, TILE, TAIL, TAIL_P, TAIL_OFF, V_TAIL, BN, DT,
     )  # fmt: skip
     if HAS_B:
         lo = tl.maximum(start - len_a, 0)
@@ -119,7 +130,7 @@ def sparse_attn_split_kernel(
         m_i, l_i, acc, acc_t = _attend_scope(
             m_i, l_i, acc, acc_t, q, q_t, ib_ptr, ib_stride, t, lo, hi,
             b_u8, b_f8, b_bf, b_f32, b_ps, b_pb, b_ds, b_sb, b_ss, qk_scale,
-            KIND, MAIN, NOPE, TILE, TAIL, TAIL_OFF, V_TAIL, BN, DT,
+            KIND, MAIN, MAIN_P, NOPE, TILE, TAIL, TAIL_P, TAIL_OFF, V_TAIL, BN, DT,
         )  # fmt: skip
 
     if SINGLE:
@@ -134,19 +145,26 @@ def sparse_attn_split_kernel(
                 acc_t = acc_t * tl.exp2(m_safe - m2)[:, None]
         denom = tl.where(denom == 0.0, 1.0, denom)
         optr = o_ptr + t * o_stride_t + h[:, None] * o_stride_h
-        tl.store(optr + d[None, :], (acc / denom[:, None]).to(o_ptr.dtype.element_ty), mask=hmask[:, None])
+        tl.store(
+            optr + d[None, :], (acc / denom[:, None]).to(o_ptr.dtype.element_ty),
+            mask=cols(hmask[:, None], d, MAIN, MAIN_P),
+        )
         if V_TAIL:
             tl.store(optr + MAIN + dt[None, :], (acc_t / denom[:, None]).to(o_ptr.dtype.element_ty),
-                     mask=hmask[:, None])  # fmt: skip
+                     mask=cols(hmask[:, None], dt, TAIL, TAIL_P))  # fmt: skip
         lse = tl.where(l_i > 0, m_safe + tl.log2(tl.where(l_i > 0, l_i, 1.0)), float("-inf"))
         tl.store(lse_ptr + t * H + h, lse, mask=hmask)
     else:
         DV: tl.constexpr = MAIN + TAIL if V_TAIL else MAIN
         l_safe = tl.where(l_i == 0.0, 1.0, l_i)
         pbase = part_ptr + ((t * n_split + sp) * H + h[:, None]) * DV
-        tl.store(pbase + d[None, :], acc / l_safe[:, None], mask=hmask[:, None])
+        tl.store(pbase + d[None, :], acc / l_safe[:, None], mask=cols(hmask[:, None], d, MAIN, MAIN_P))
         if V_TAIL:
-            tl.store(pbase + MAIN + dt[None, :], acc_t / l_safe[:, None], mask=hmask[:, None])
+            tl.store(
+                pbase + MAIN + dt[None, :],
+                acc_t / l_safe[:, None],
+                mask=cols(hmask[:, None], dt, TAIL, TAIL_P),
+            )
         m_safe = tl.where(m_i == float("-inf"), 0.0, m_i)
         lse = tl.where(l_i > 0, m_safe + tl.log2(l_safe), float("-inf"))
         tl.store(plse_ptr + (t * n_split + sp) * H + h, lse, mask=hmask)
@@ -203,17 +221,22 @@ def sparse_attn_combine_kernel(
 
 
 @triton.jit
-def _qk_chunk(s, q_c, f8_row, bf_row, sc_row, valid, C: tl.constexpr, DC: tl.constexpr, KIND: tl.constexpr,
-              NOPE: tl.constexpr, TILE: tl.constexpr, BN: tl.constexpr, DT: tl.constexpr):  # fmt: skip
-    k_c = load_chunk(f8_row, bf_row, sc_row, valid, C * DC, DC, KIND, NOPE, TILE, BN, DT)
+def _qk_chunk(
+    s, q_c, f8_row, bf_row, sc_row, valid, C: tl.constexpr, DC: tl.constexpr, KIND: tl.constexpr,
+    MAIN: tl.constexpr, NOPE: tl.constexpr, TILE: tl.constexpr, BN: tl.constexpr, DT: tl.constexpr,
+):
+    k_c = load_chunk(f8_row, bf_row, sc_row, valid, C * DC, DC, KIND, MAIN, NOPE, TILE, BN, DT)
     return tl.dot(q_c, tl.trans(k_c), s, input_precision="ieee"), k_c
 
 
 @triton.jit
-def _load_q_chunk(q_ptr, t, q_stride_t, q_stride_h, h, hmask, C: tl.constexpr, DC: tl.constexpr, DT: tl.constexpr):
+def _load_q_chunk(
+    q_ptr, t, q_stride_t, q_stride_h, h, hmask, C: tl.constexpr, DC: tl.constexpr, MAIN: tl.constexpr,
+    DT: tl.constexpr,
+):
     d = C * DC + tl.arange(0, DC)
-    return tl.load(q_ptr + t * q_stride_t + h[:, None] * q_stride_h + d[None, :], mask=hmask[:, None],
-                   other=0.0).to(DT)  # fmt: skip
+    return tl.load(q_ptr + t * q_stride_t + h[:, None] * q_stride_h + d[None, :],
+                   mask=cols(hmask[:, None], d, MAIN, C * DC + DC), other=0.0).to(DT)  # fmt: skip
 
 
 @triton.jit
@@ -225,30 +248,43 @@ def _scaled(a, mul, div, HAS_MUL: tl.constexpr):
 
 
 @triton.jit
-def _store_all(ptr, a0, a1, a2, a3, a4, a5, a6, a7, acc_t, mul, div, hmask, HAS_MUL: tl.constexpr,
-               NC: tl.constexpr, DC: tl.constexpr, MAIN: tl.constexpr, TAIL: tl.constexpr, V_TAIL: tl.constexpr):  # fmt: skip
-    """ptr: [BH, 1] row pointers; chunk c of the accumulator -> dims c*DC .. (c+1)*DC - 1 (in ptr's dtype)."""
+def _store_all(
+    ptr, a0, a1, a2, a3, a4, a5, a6, a7, acc_t, mul, div, hmask, HAS_MUL: tl.constexpr,
+    NC: tl.constexpr, DC: tl.constexpr, MAIN: tl.constexpr, TAIL: tl.constexpr, TAIL_P: tl.constexpr,
+    V_TAIL: tl.constexpr,
+):
+    """ptr: [BH, 1] row pointers; chunk c of the accumulator -> dims c*DC .. (c+1)*DC - 1 (in ptr's dtype),
+    those < MAIN (columns past the row's width hold padding and store nothing)."""
     d = tl.arange(0, DC)
     ty = ptr.dtype.element_ty
     m = hmask[:, None]
-    tl.store(ptr + d[None, :], _scaled(a0, mul, div, HAS_MUL).to(ty), mask=m)
+    tl.store(ptr + d[None, :], _scaled(a0, mul, div, HAS_MUL).to(ty), mask=cols(m, d, MAIN, DC))
     if NC > 1:
-        tl.store(ptr + 1 * DC + d[None, :], _scaled(a1, mul, div, HAS_MUL).to(ty), mask=m)
+        tl.store(ptr + 1 * DC + d[None, :], _scaled(a1, mul, div, HAS_MUL).to(ty),
+                 mask=cols(m, 1 * DC + d, MAIN, 2 * DC))
     if NC > 2:
-        tl.store(ptr + 2 * DC + d[None, :], _scaled(a2, mul, div, HAS_MUL).to(ty), mask=m)
+        tl.store(ptr + 2 * DC + d[None, :], _scaled(a2, mul, div, HAS_MUL).to(ty),
+                 mask=cols(m, 2 * DC + d, MAIN, 3 * DC))
     if NC > 3:
-        tl.store(ptr + 3 * DC + d[None, :], _scaled(a3, mul, div, HAS_MUL).to(ty), mask=m)
+        tl.store(ptr + 3 * DC + d[None, :], _scaled(a3, mul, div, HAS_MUL).to(ty),
+                 mask=cols(m, 3 * DC + d, MAIN, 4 * DC))
     if NC > 4:
-        tl.store(ptr + 4 * DC + d[None, :], _scaled(a4, mul, div, HAS_MUL).to(ty), mask=m)
+        tl.store(ptr + 4 * DC + d[None, :], _scaled(a4, mul, div, HAS_MUL).to(ty),
+                 mask=cols(m, 4 * DC + d, MAIN, 5 * DC))
     if NC > 5:
-        tl.store(ptr + 5 * DC + d[None, :], _scaled(a5, mul, div, HAS_MUL).to(ty), mask=m)
+        tl.store(ptr + 5 * DC + d[None, :], _scaled(a5, mul, div, HAS_MUL).to(ty),
+                 mask=cols(m, 5 * DC + d, MAIN, 6 * DC))
     if NC > 6:
-        tl.store(ptr + 6 * DC + d[None, :], _scaled(a6, mul, div, HAS_MUL).to(ty), mask=m)
+        tl.store(ptr + 6 * DC + d[None, :], _scaled(a6, mul, div, HAS_MUL).to(ty),
+                 mask=cols(m, 6 * DC + d, MAIN, 7 * DC))
     if NC > 7:
-        tl.store(ptr + 7 * DC + d[None, :], _scaled(a7, mul, div, HAS_MUL).to(ty), mask=m)
+        tl.store(ptr + 7 * DC + d[None, :], _scaled(a7, mul, div, HAS_MUL).to(ty),
+                 mask=cols(m, 7 * DC + d, MAIN, 8 * DC))
     if V_TAIL:
-        dt = tl.arange(0, TAIL)
-        tl.store(ptr + MAIN + dt[None, :], _scaled(acc_t, mul, div, HAS_MUL).to(ty), mask=m)
+        dt = tl.arange(0, TAIL_P)
+        tl.store(
+            ptr + MAIN + dt[None, :], _scaled(acc_t, mul, div, HAS_MUL).to(ty), mask=cols(m, dt, TAIL, TAIL_P)
+        )
 
 
 @triton.jit
@@ -262,8 +298,8 @@ def sparse_attn_split_dc_kernel(
     b_delta, b_ps, b_pb, b_ds, b_sb, b_ss,
     sink_ptr, sm_scale,
     o_ptr, o_stride_t, o_stride_h, lse_ptr, part_ptr, plse_ptr, n_split,
-    KIND: tl.constexpr, MAIN: tl.constexpr, NOPE: tl.constexpr, TILE: tl.constexpr,
-    TAIL: tl.constexpr, TAIL_OFF: tl.constexpr, V_TAIL: tl.constexpr,
+    KIND: tl.constexpr, MAIN: tl.constexpr, MAIN_P: tl.constexpr, NOPE: tl.constexpr, TILE: tl.constexpr,
+    TAIL: tl.constexpr, TAIL_P: tl.constexpr, TAIL_OFF: tl.constexpr, V_TAIL: tl.constexpr,
     HAS_B: tl.constexpr, HAS_LA: tl.constexpr, HAS_LB: tl.constexpr, HAS_SINK: tl.constexpr,
     SINGLE: tl.constexpr, BH: tl.constexpr, BN: tl.constexpr, DT: tl.constexpr, DC: tl.constexpr,
 ):  # fmt: skip
@@ -271,7 +307,7 @@ def sparse_attn_split_dc_kernel(
     pool is addressed from the main pool's views: ``b_delta`` = its base address minus the main pool's (bytes, a
     multiple of 4), so that one pointer per view serves both scopes (a select between two pointer tensors
     would hide their alignment from the compiler: byte-wise loads)."""
-    NC: tl.constexpr = MAIN // DC
+    NC: tl.constexpr = MAIN_P // DC
     hb = tl.program_id(0)
     t = tl.program_id(1).to(tl.int64)
     sp = tl.program_id(2)
@@ -280,7 +316,7 @@ def sparse_attn_split_dc_kernel(
 
     h = hb * BH + tl.arange(0, BH)
     hmask = h < H
-    q0 = _load_q_chunk(q_ptr, t, q_stride_t, q_stride_h, h, hmask, 0, DC, DT)
+    q0 = _load_q_chunk(q_ptr, t, q_stride_t, q_stride_h, h, hmask, 0, DC, MAIN, DT)
     q1 = q0
     q2 = q0
     q3 = q0
@@ -289,23 +325,23 @@ def sparse_attn_split_dc_kernel(
     q6 = q0
     q7 = q0
     if NC > 1:
-        q1 = _load_q_chunk(q_ptr, t, q_stride_t, q_stride_h, h, hmask, 1, DC, DT)
+        q1 = _load_q_chunk(q_ptr, t, q_stride_t, q_stride_h, h, hmask, 1, DC, MAIN, DT)
     if NC > 2:
-        q2 = _load_q_chunk(q_ptr, t, q_stride_t, q_stride_h, h, hmask, 2, DC, DT)
+        q2 = _load_q_chunk(q_ptr, t, q_stride_t, q_stride_h, h, hmask, 2, DC, MAIN, DT)
     if NC > 3:
-        q3 = _load_q_chunk(q_ptr, t, q_stride_t, q_stride_h, h, hmask, 3, DC, DT)
+        q3 = _load_q_chunk(q_ptr, t, q_stride_t, q_stride_h, h, hmask, 3, DC, MAIN, DT)
     if NC > 4:
-        q4 = _load_q_chunk(q_ptr, t, q_stride_t, q_stride_h, h, hmask, 4, DC, DT)
+        q4 = _load_q_chunk(q_ptr, t, q_stride_t, q_stride_h, h, hmask, 4, DC, MAIN, DT)
     if NC > 5:
-        q5 = _load_q_chunk(q_ptr, t, q_stride_t, q_stride_h, h, hmask, 5, DC, DT)
+        q5 = _load_q_chunk(q_ptr, t, q_stride_t, q_stride_h, h, hmask, 5, DC, MAIN, DT)
     if NC > 6:
-        q6 = _load_q_chunk(q_ptr, t, q_stride_t, q_stride_h, h, hmask, 6, DC, DT)
+        q6 = _load_q_chunk(q_ptr, t, q_stride_t, q_stride_h, h, hmask, 6, DC, MAIN, DT)
     if NC > 7:
-        q7 = _load_q_chunk(q_ptr, t, q_stride_t, q_stride_h, h, hmask, 7, DC, DT)
+        q7 = _load_q_chunk(q_ptr, t, q_stride_t, q_stride_h, h, hmask, 7, DC, MAIN, DT)
     if TAIL > 0:
-        dt = tl.arange(0, TAIL)
-        q_t = tl.load(q_ptr + t * q_stride_t + h[:, None] * q_stride_h + MAIN + dt[None, :], mask=hmask[:, None],
-                      other=0.0).to(DT)  # fmt: skip
+        dt = tl.arange(0, TAIL_P)
+        q_t = tl.load(q_ptr + t * q_stride_t + h[:, None] * q_stride_h + MAIN + dt[None, :],
+                      mask=cols(hmask[:, None], dt, TAIL, TAIL_P), other=0.0).to(DT)  # fmt: skip
     else:
         q_t = q0
 
@@ -329,7 +365,7 @@ def sparse_attn_split_dc_kernel(
     a6 = a0
     a7 = a0
     if V_TAIL:
-        acc_t = tl.zeros([BH, TAIL], tl.float32)
+        acc_t = tl.zeros([BH, TAIL_P], tl.float32)
     else:
         acc_t = tl.zeros([BH, 1], tl.float32)
 
@@ -357,24 +393,27 @@ def sparse_attn_split_dc_kernel(
         valid = inb & (slots >= 0)
         f8_row, bf_row, sc_row = row_ptrs(row, srow, a_u8, a_f8, a_bf, a_f32, KIND)
         s = tl.zeros([BH, BN], tl.float32)
-        s, k0 = _qk_chunk(s, q0, f8_row, bf_row, sc_row, valid, 0, DC, KIND, NOPE, TILE, BN, DT)
+        s, k0 = _qk_chunk(s, q0, f8_row, bf_row, sc_row, valid, 0, DC, KIND, MAIN, NOPE, TILE, BN, DT)
         if NC > 1:
-            s, k1 = _qk_chunk(s, q1, f8_row, bf_row, sc_row, valid, 1, DC, KIND, NOPE, TILE, BN, DT)
+            s, k1 = _qk_chunk(s, q1, f8_row, bf_row, sc_row, valid, 1, DC, KIND, MAIN, NOPE, TILE, BN, DT)
         if NC > 2:
-            s, k2 = _qk_chunk(s, q2, f8_row, bf_row, sc_row, valid, 2, DC, KIND, NOPE, TILE, BN, DT)
+            s, k2 = _qk_chunk(s, q2, f8_row, bf_row, sc_row, valid, 2, DC, KIND, MAIN, NOPE, TILE, BN, DT)
         if NC > 3:
-            s, k3 = _qk_chunk(s, q3, f8_row, bf_row, sc_row, valid, 3, DC, KIND, NOPE, TILE, BN, DT)
+            s, k3 = _qk_chunk(s, q3, f8_row, bf_row, sc_row, valid, 3, DC, KIND, MAIN, NOPE, TILE, BN, DT)
         if NC > 4:
-            s, k4 = _qk_chunk(s, q4, f8_row, bf_row, sc_row, valid, 4, DC, KIND, NOPE, TILE, BN, DT)
+            s, k4 = _qk_chunk(s, q4, f8_row, bf_row, sc_row, valid, 4, DC, KIND, MAIN, NOPE, TILE, BN, DT)
         if NC > 5:
-            s, k5 = _qk_chunk(s, q5, f8_row, bf_row, sc_row, valid, 5, DC, KIND, NOPE, TILE, BN, DT)
+            s, k5 = _qk_chunk(s, q5, f8_row, bf_row, sc_row, valid, 5, DC, KIND, MAIN, NOPE, TILE, BN, DT)
         if NC > 6:
-            s, k6 = _qk_chunk(s, q6, f8_row, bf_row, sc_row, valid, 6, DC, KIND, NOPE, TILE, BN, DT)
+            s, k6 = _qk_chunk(s, q6, f8_row, bf_row, sc_row, valid, 6, DC, KIND, MAIN, NOPE, TILE, BN, DT)
         if NC > 7:
-            s, k7 = _qk_chunk(s, q7, f8_row, bf_row, sc_row, valid, 7, DC, KIND, NOPE, TILE, BN, DT)
+            s, k7 = _qk_chunk(s, q7, f8_row, bf_row, sc_row, valid, 7, DC, KIND, MAIN, NOPE, TILE, BN, DT)
         if TAIL > 0:
-            kt = tl.load(bf_row[:, None] + (TAIL_OFF // 2 + tl.arange(0, TAIL))[None, :], mask=valid[:, None],
-                         other=0.0).to(DT)  # fmt: skip
+            kt = tl.load(
+                bf_row[:, None] + (TAIL_OFF // 2 + tl.arange(0, TAIL_P))[None, :],
+                mask=cols(valid[:, None], tl.arange(0, TAIL_P), TAIL, TAIL_P),
+                other=0.0,
+            ).to(DT)
             s = tl.dot(q_t, tl.trans(kt), s, input_precision="ieee")
         s = tl.where(valid[None, :], s * qk_scale, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -414,7 +453,7 @@ def sparse_attn_split_dc_kernel(
         denom = tl.where(denom == 0.0, 1.0, denom)
         optr = o_ptr + t * o_stride_t + h[:, None] * o_stride_h
         _store_all(optr, a0, a1, a2, a3, a4, a5, a6, a7, acc_t, mul, denom, hmask, HAS_SINK, NC, DC, MAIN, TAIL,
-                   V_TAIL)  # fmt: skip
+                   TAIL_P, V_TAIL)  # fmt: skip
         lse = tl.where(l_i > 0, m_safe + tl.log2(tl.where(l_i > 0, l_i, 1.0)), float("-inf"))
         tl.store(lse_ptr + t * H + h, lse, mask=hmask)
     else:
@@ -422,6 +461,6 @@ def sparse_attn_split_dc_kernel(
         l_safe = tl.where(l_i == 0.0, 1.0, l_i)
         pbase = part_ptr + ((t * n_split + sp) * H + h[:, None]) * DV
         _store_all(pbase, a0, a1, a2, a3, a4, a5, a6, a7, acc_t, l_safe, l_safe, hmask, False, NC, DC, MAIN, TAIL,
-                   V_TAIL)  # fmt: skip
+                   TAIL_P, V_TAIL)  # fmt: skip
         lse = tl.where(l_i > 0, m_safe + tl.log2(l_safe), float("-inf"))
         tl.store(plse_ptr + (t * n_split + sp) * H + h, lse, mask=hmask)

@@ -18,6 +18,11 @@ and its CUDA graphs make no host sync), then reused by every layer of the forwar
   first layer's call fills it (inside the CUDA graph when captured, so replays recompute it), later
   layers reuse it (same shapes and lengths in every layer of a kind).
 
+Geometry: the window and compress ratio are the config's (`be.W`, `be.ratio`: any window <= 256, any ratio
+dividing the 256-token page), the widths the pools' (any even head / rope / latent / indexer widths: the
+kernels hold rows at the next power of two with the extra columns masked), so every geometry `Ernie55Config`
+accepts runs here (docs/kernels.md, "Geometries").
+
 Padded CUDA-graph decode rows (out_cache_loc in SGLang's padding page, slot < page_size) write their
 window / latent rows into that page, run no compression job and write no state row.
 """
@@ -103,7 +108,9 @@ def _common(be, req, P, L, tok_req, tok_pos, tok_start, loc, valid_tok, valid_re
     page, ratio = be.page_size, be.ratio
     pt = be.page_starts[req.long()]
     pt = torch.div(pt, page, rounding_mode="floor").to(torch.int32)
-    widx, wlen, cidx, clen = hca_indices(pt, pt, tok_req, tok_pos, cmp_width, be.W)
+    widx, wlen, cidx, clen = hca_indices(
+        pt, pt, tok_req, tok_pos, cmp_width, window=be.W, ratio=ratio, page_size=page
+    )
     loc = loc.long()
     jobs = _jobs(be.req_to_token, req.long(), P, L, tok_start, nj, ratio, valid_req)
     st_req = torch.where(valid_tok, req.long()[tok_req.long()], -1).to(torch.int32)
@@ -196,7 +203,7 @@ def compress(be, meta: KernelMeta, lid: int, cs: torch.Tensor, compressor) -> No
     kvs = cs if cs.dtype == torch.float32 and cs.is_contiguous() else cs.float().contiguous()
     hca_compress_store(cmp.pool, cmp.geom, kvs, state, compressor.ape.float().contiguous(),
                        w.float().contiguous(), compressor.eps, cos, sin, *meta.jobs)  # fmt: skip
-    hca_state_update(state, kvs, meta.tok_pos, meta.st_req, meta.st_seq)
+    hca_state_update(state, kvs, meta.tok_pos, meta.st_req, meta.st_seq, ratio=be.ratio)
 
 
 # ----------------------------------------------------------------------------- attention

@@ -51,26 +51,26 @@ def _geometries(kind: str, pool, layer_id: int):
 
 
 def triton_unfit(kind: str, cfg, pool, layer_id: int) -> str:
-    """Why the Triton kernels cannot serve this layer kind ('' when they can)."""
+    """Why the Triton kernels cannot serve this layer kind ('' when they can). The kernels take every geometry
+    `Ernie55Config` accepts (any window <= 256, any compress ratio dividing the 256-token page, any even head /
+    rope / latent / indexer widths, bf16 and the fp8 layouts `kernels/layout.fp8_unfit` admits;
+    docs/kernels.md "Geometries"), so what is left are the pool and the device."""
     import torch
 
     if pool.dense:
         return "the pool holds dense fp32 rows (exactness tests only); the kernels read the packed layouts"
     if torch.device(pool.device).type != "cuda" and not _interpreting():
         return "no CUDA device (TRITON_INTERPRET=1 runs the kernels in Triton's CPU interpreter)"
-    from ..kernels.layout import HCA_COMPRESS_RATIO, HCA_WINDOW, PAGE_SIZE
+    from ..kernels.layout import PAGE_SIZE
 
     if pool.page_size != PAGE_SIZE:
         return f"page size {pool.page_size} (the index-row builders assume {PAGE_SIZE})"
-    if kind == LAYER_HCA and (cfg.window_size, cfg.compress_ratio) != (HCA_WINDOW, HCA_COMPRESS_RATIO):
-        return (f"window {cfg.window_size} / compress_ratio {cfg.compress_ratio} (kernels/hca_meta.py and the "
-                f"compression kernel assume {HCA_WINDOW} / {HCA_COMPRESS_RATIO})")  # fmt: skip
     from ..kernels._pool import pool_args
 
     for g in _geometries(kind, pool, layer_id):
         try:
             pool_args(g)
-        except AssertionError as e:
+        except (AssertionError, ValueError) as e:  # a layout the readers do not know: not built by our pools
             return f"layout {g.layout.value} dim {g.dim}: {e}"
     return ""
 

@@ -40,13 +40,23 @@ def cos_sin(max_pos: int, rope_dim: int = 64, device=DEV):
 
 class PagedRequests:
     """Requests with given sequence lengths, each with its own shuffled pages in a token pool (page 256)
-    and a compressed pool (2 entries / page, addressed by the token pool's page): the addressing
-    SGLang's hybrid pools use (compressed slot of block j = full_slot(128 j) // 128)."""
+    and a compressed pool (256 / ratio entries / page, addressed by the token pool's page): the addressing
+    SGLang's hybrid pools use (compressed slot of block j = full_slot(ratio j) // ratio). `window` / `ratio`:
+    the HCA layer's window_size / compress_ratio (default: the full-size model's 128 / 128)."""
 
-    def __init__(self, seq_lens, page_size=L.PAGE_SIZE, extra_pages=3, seed=0):
+    def __init__(
+        self,
+        seq_lens,
+        page_size=L.PAGE_SIZE,
+        extra_pages=3,
+        seed=0,
+        window=L.HCA_WINDOW,
+        ratio=L.HCA_COMPRESS_RATIO,
+    ):
         g = torch.Generator().manual_seed(seed)
         self.seq_lens = list(seq_lens)
         self.page_size = page_size
+        self.window, self.ratio = window, ratio
         npg = [max(1, -(-s // page_size)) for s in self.seq_lens]
         total = sum(npg) + extra_pages
         perm = torch.randperm(total, generator=g)
@@ -61,17 +71,22 @@ class PagedRequests:
     def slot(self, r: int, pos: int) -> int:
         return self.pages[r][pos // self.page_size] * self.page_size + pos % self.page_size
 
+    @property
+    def cmp_page_size(self) -> int:
+        """Entries per page of the compressed pool."""
+        return self.page_size // self.ratio
+
     def cmp_slot(self, r: int, j: int) -> int:
-        return self.slot(r, L.HCA_COMPRESS_RATIO * j) // L.HCA_COMPRESS_RATIO
+        return self.slot(r, self.ratio * j) // self.ratio
 
     def token_slots(self, r: int, lo: int, hi: int) -> list[int]:
         return [self.slot(r, p) for p in range(lo, hi)]
 
-    def hca_indices(self, queries, window=L.HCA_WINDOW, device=DEV):
+    def hca_indices(self, queries, device=DEV):
         """queries: list of (request, position). Window slots of positions max(0, p-W+1)..p and the
-        compressed slots of blocks j < (p+1)//128, padded with -1 to multiples of 64; lengths."""
-        win = [self.token_slots(r, max(0, p - window + 1), p + 1) for r, p in queries]
-        cmp = [[self.cmp_slot(r, j) for j in range((p + 1) // L.HCA_COMPRESS_RATIO)] for r, p in queries]
+        compressed slots of blocks j < (p+1)//ratio, padded with -1 to multiples of 64; lengths."""
+        win = [self.token_slots(r, max(0, p - self.window + 1), p + 1) for r, p in queries]
+        cmp = [[self.cmp_slot(r, j) for j in range((p + 1) // self.ratio)] for r, p in queries]
         return _pad(win, device), _pad(cmp, device)
 
     def mla_indices(self, queries, device=DEV):

@@ -1,5 +1,6 @@
 """Lightning indexer: logits over the paged key pool vs the reference; top-k exact (the reference
-rule applied to the same logits), lengths, slots through the page table."""
+rule applied to the same logits), lengths, slots through the page table; key widths that are not powers of
+two (index_head_dim 48: held padded inside the kernel)."""
 
 import pytest
 import torch
@@ -11,17 +12,17 @@ from sglang_ernie55.reference import functional as F
 from sglang_ernie55.reference import kernels_ref as R
 
 
-def _case(kv, seq_lens, q_per_req, nI, topk):
+def _case(kv, seq_lens, q_per_req, nI, topk, dI=L.IDX_HEAD_DIM):
     torch.manual_seed(0)
-    g = L.idx_geometry(kv)
+    g = L.idx_geometry(kv, dI)
     reqs = PagedRequests(seq_lens)
-    pool, _ = filled_pool(g, reqs.num_pages, 128)
+    pool, _ = filled_pool(g, reqs.num_pages, dI)
     queries = [(r, p) for r, s in enumerate(seq_lens) for p in range(max(0, s - q_per_req), s)]
     T = len(queries)
     q_req = torch.tensor([r for r, _ in queries], dtype=torch.int32, device=DEV)
     q_pos = torch.tensor([p for _, p in queries], dtype=torch.int32, device=DEV)
-    qI = torch.randn(T, nI, 128, device=DEV).to(torch.bfloat16)
-    w = torch.randn(T, nI, device=DEV) * (nI**-0.5 * 128**-0.5)
+    qI = torch.randn(T, nI, dI, device=DEV).to(torch.bfloat16)
+    w = torch.randn(T, nI, device=DEV) * (nI**-0.5 * dI**-0.5)
     S = max(seq_lens)
     pt = reqs.page_table.to(DEV)
     out = poison((T, S), torch.float32)
@@ -52,6 +53,14 @@ def _case(kv, seq_lens, q_per_req, nI, topk):
 @pytest.mark.parametrize("kv", ["fp8", "bf16"])
 def test_indexer_tiny(kv):
     _case(kv, [1, 19, 300], 1, nI=4, topk=16)
+
+
+@pytest.mark.parametrize("kv", ["fp8", "bf16"])
+@pytest.mark.parametrize("dI", [48, 24])
+def test_indexer_odd_head_dim(kv, dI):
+    """index_head_dim 48 (the geometry matrix's) and 24: key and query rows held at 64 / 32 columns, the padding
+    masked; 3 heads (head block padded to 16), two queries per request: logits, top-k and slots as above."""
+    _case(kv, [1, 19, 300], 2, nI=3, topk=16, dI=dI)
 
 
 @pytest.mark.parametrize("on_gpu", [False, pytest.param(True, marks=pytest.mark.gpu)], ids=["tiny", "full"])

@@ -1,5 +1,7 @@
 """sparse_mqa_attention (HCA window + compressed + sink; MLA-DSA absorbed) vs the reference over the
-same pools; HCA decode and extend over ragged requests; FlashMLA on the same cache where it runs."""
+same pools; HCA decode and extend over ragged requests; FlashMLA on the same cache where it runs; and the
+geometries a config may take beyond the full-size / tiny ones (other windows and compress ratios, widths that
+are not powers of two: held padded inside the kernel)."""
 
 import pytest
 import torch
@@ -14,12 +16,13 @@ TOL = {"fp8": 2e-2, "bf16": 2e-2}  # bf16 q / p operands and a bf16 output
 
 
 def _hca_case(
-    kv, seq_lens, queries_per_req, H, num_splits=None, dim=512, rope=64, check_mask_ref=False, **kw
+    kv, seq_lens, queries_per_req, H, num_splits=None, dim=512, rope=64, check_mask_ref=False,
+    window=L.HCA_WINDOW, ratio=L.HCA_COMPRESS_RATIO, **kw
 ):
     torch.manual_seed(0)
-    reqs = PagedRequests(seq_lens)
+    reqs = PagedRequests(seq_lens, window=window, ratio=ratio)
     g = L.hca_geometry(kv, dim=dim, rope=rope)
-    gc = L.hca_geometry(kv, dim=dim, rope=rope, page_size=L.HCA_CMP_PER_PAGE)
+    gc = L.hca_geometry(kv, dim=dim, rope=rope, page_size=reqs.cmp_page_size)
     win_pool, win_x = filled_pool(g, reqs.num_pages, dim)
     cmp_pool, cmp_x = filled_pool(gc, reqs.num_pages, dim)
     queries = [(r, p) for r, L_ in enumerate(seq_lens) for p in range(max(0, L_ - queries_per_req), L_)]
@@ -40,10 +43,10 @@ def _hca_case(
             rows = [i for i, (rr, _) in enumerate(queries) if rr == r]
             qpos = torch.tensor([queries[i][1] for i in rows])
             kv_all = R.pool_gather(win_pool.cpu(), g, torch.tensor(reqs.token_slots(r, 0, Lr)))
-            ncmp = Lr // L.HCA_COMPRESS_RATIO
+            ncmp = Lr // ratio
             cmp_all = R.pool_gather(cmp_pool.cpu(), gc, torch.tensor([reqs.cmp_slot(r, j) for j in range(ncmp)],
                                                                       dtype=torch.long))  # fmt: skip
-            raw, cm = F.hca_visible_mask(qpos, torch.arange(Lr), ncmp, L.HCA_WINDOW, L.HCA_COMPRESS_RATIO)
+            raw, cm = F.hca_visible_mask(qpos, torch.arange(Lr), ncmp, window, ratio)
             ref2 = F.sink_attention(q[rows].cpu(), torch.cat([kv_all, cmp_all]), torch.cat([raw, cm], 1), sink.cpu(),
                                     dim**-0.5)  # fmt: skip
             assert rel(o[rows].cpu(), ref2) < TOL[kv]
@@ -165,6 +168,92 @@ def test_sparse_attn_rejects_bad_shapes():
     with pytest.raises(ValueError, match="indices: int32"):
         sparse_mqa_attention(torch.zeros(2, 4, 512, dtype=torch.bfloat16), Scope(pool, g, idx.long()), sm_scale=1.0,
                              d_v=512)  # fmt: skip
+
+
+# ------------------------------------------------------------------ geometries beyond the full-size / tiny ones
+# HCA (window, compress ratio, head_dim, rope, KV dtypes): window 64 / ratio 32 and window 32 / ratio 64 at head
+# 96 / rope 32 (nope 64: one fp8 tile; rows held at 128 columns), head 112 / rope 32 (nope 80 is no whole fp8
+# tile: bf16 only)
+ODD_HCA = {
+    "w64_c32_d96": (64, 32, 96, 32, ("fp8", "bf16")),
+    "w32_c64_d96": (32, 64, 96, 32, ("bf16",)),
+    "w128_c128_d112": (128, 128, 112, 32, ("bf16",)),
+}
+# MLA-DSA latent + rope: 96 + 32 (bf16: fp8 needs latent % 128), 384 + 24 (fp8 latent, a padded rope tail),
+# 48 + 16 (d_v 48: the narrowest value width of the matrix)
+ODD_MLA = {"r96_32": (96, 32, ("bf16",)), "r384_24": (384, 24, ("fp8",)), "r48_16": (48, 16, ("bf16",))}
+
+
+def _odd(table):
+    return [pytest.param(n, kv, id=f"{n}-{kv}") for n, (*_, kvs) in table.items() for kv in kvs]
+
+
+@pytest.mark.parametrize("name,kv", _odd(ODD_HCA))
+@pytest.mark.parametrize("var", ["base", "dc64"])
+def test_hca_odd_geometry(name, kv, var):
+    """Window / compressed rows of another window and ratio, head widths that are not powers of two, 3 heads;
+    decode and a 2-query extend per request, lengths around the window and block boundaries; against the index
+    lists of functional.hca_visible_mask too."""
+    window, ratio, dim, rope, _ = ODD_HCA[name]
+    lens = sorted({1, ratio - 1, ratio + 1, window + 1, 2 * max(window, ratio) + 3})
+    kw = dict(dim=dim, rope=rope, window=window, ratio=ratio, check_mask_ref=True, **VAR[var])
+    _hca_case(kv, lens, 2, H=3, num_splits=2, **kw)
+
+
+@pytest.mark.parametrize("name,kv", _odd(ODD_MLA))
+@pytest.mark.parametrize("var", ["base", "dc64"])
+def test_mla_odd_geometry(name, kv, var):
+    """Absorbed MLA over latent + rope rows that are not powers of two wide, 5 heads, a hole in an index row;
+    d_v = the latent (o_latent) and latent + rope (the value's rope tail in its own accumulator); one split and
+    several (the combine pass at the real d_v)."""
+    lat, r, _ = ODD_MLA[name]
+    torch.manual_seed(7)
+    g = L.mla_geometry(kv, lat, r)
+    reqs = PagedRequests([1, 40, 150])
+    pool, _ = filled_pool(g, reqs.num_pages, lat + r)
+    idx, ln = reqs.mla_indices([(0, 0), (1, 39), (2, 149)])
+    idx[2, 5] = -1
+    q = torch.randn(3, 5, lat + r, device=DEV).to(torch.bfloat16)
+    scale = (lat + r) ** -0.5
+    for d_v in (lat, lat + r):
+        ref = R.sparse_attention(q.cpu(), [(pool.cpu(), g, idx.cpu(), ln.cpu())], None, scale, d_v)
+        for splits in (1, 3):
+            out = poison((3, 5, d_v), torch.float32)
+            kw = dict(sm_scale=scale, d_v=d_v, num_splits=splits, out=out, **VAR[var])
+            o, _ = sparse_mqa_attention(q, Scope(pool, g, idx, ln), **kw)
+            assert not torch.isnan(o).any() and rel(o.cpu(), ref) < TOL[kv], (d_v, splits, rel(o.cpu(), ref))
+
+
+@pytest.mark.parametrize("var", ["base", "dc64"])
+def test_split_keys_batch_invariant_odd_geometry(var):
+    """Fixed key splits stay batch invariant at a geometry whose rows are padded inside the kernel: HCA window 64
+    / ratio 32 / head 96 (fp8) and MLA latent 96 + rope 32 (bf16), alone vs reordered in a batch with wider
+    rows, bit-identical, and the right attention."""
+    torch.manual_seed(8)
+    reqs = PagedRequests([19, 70, 200], window=64, ratio=32)
+    g, gc = L.hca_geometry("fp8", 96, 32), L.hca_geometry("fp8", 96, 32, page_size=reqs.cmp_page_size)
+    win_pool, _ = filled_pool(g, reqs.num_pages, 96)
+    cmp_pool, _ = filled_pool(gc, reqs.num_pages, 96)
+    queries = [(r, p) for r, L_ in enumerate(reqs.seq_lens) for p in (L_ - 2, L_ - 1)]
+    (wi, wl), (ci, cl) = reqs.hca_indices(queries)
+    gm = L.mla_geometry("bf16", 96, 32)
+    mpool, _ = filled_pool(gm, reqs.num_pages, 128)
+    idx, ln = reqs.mla_indices(queries)
+    T = len(queries)
+    hca_q = torch.randn(T, 3, 96, device=DEV).to(torch.bfloat16)
+    hca_kw = dict(sm_scale=96**-0.5, d_v=96, sink=torch.randn(3, device=DEV))
+    mla_q = torch.randn(T, 3, 128, device=DEV).to(torch.bfloat16)
+    cases = [
+        (hca_q, [Scope(win_pool, g, wi, wl), Scope(cmp_pool, gc, ci, cl)], hca_kw),
+        (mla_q, [Scope(mpool, gm, idx, ln)], dict(sm_scale=128**-0.5, d_v=96)),
+    ]
+    for q, scopes, kw in cases:
+        alone, batched = _run_in_batches(q, scopes, 64, **kw, **VAR[var])
+        assert torch.equal(alone, batched), (alone - batched).abs().max().item()
+        sink = kw.get("sink")
+        sc = [(s.pool.cpu(), s.geom, s.indices.cpu(), s.lengths.cpu()) for s in scopes]
+        ref = R.sparse_attention(q.cpu(), sc, sink.cpu() if sink is not None else None, kw["sm_scale"], kw["d_v"])
+        assert rel(alone.cpu(), ref) < TOL["fp8"], rel(alone.cpu(), ref)
 
 
 # ----------------------------------------------------------------------------- full size (GPU)

@@ -1,7 +1,8 @@
 """The kernel path's selection (SGLANG_ERNIE55_ATTN_IMPL) and its per-forward metadata, on CPU without
-running a kernel: the device-built compression jobs equal the host planner's (kernels/hca_compress.py
-`plan_compress_jobs`), padded CUDA-graph rows write nothing live, window rows go through the pool's
-window translation, the indexer's query chunks stay inside their logits budget."""
+running a kernel: the Triton kernels take every geometry of the geometry matrix (tests/serving/geometries.py),
+the device-built compression jobs equal the host planner's (kernels/hca_compress.py `plan_compress_jobs`) at
+the config's window and compress ratio, padded CUDA-graph rows write nothing live, window rows go through the
+pool's window translation, the indexer's query chunks stay inside their logits budget."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 import twin_harness as th  # noqa: E402
+from geometries import BY_NAME, VARIANTS  # noqa: E402
 
 from sglang_ernie55.attention import kernel_path as kp  # noqa: E402
 from sglang_ernie55.configuration import tiny_config  # noqa: E402
@@ -27,11 +29,20 @@ def _dist():
     th.init_dist()
 
 
-def _backend(kv=torch.bfloat16, impl="torch", pool_cls=None, slots=6, pages=12, max_ctx=2048, deterministic=None):
+def _backend(
+    kv=torch.bfloat16,
+    impl="torch",
+    pool_cls=None,
+    slots=6,
+    pages=12,
+    max_ctx=2048,
+    deterministic=None,
+    cfg=None,
+):
     from sglang_ernie55.attention.backend import Ernie55AttnBackend
     from sglang_ernie55.mem_cache.pool import Ernie55TokenToKVPool
 
-    cfg = tiny_config()
+    cfg = cfg or tiny_config()
     pool = (pool_cls or Ernie55TokenToKVPool)(pages * PAGE, PAGE, kv, cfg, num_req_slots=slots, device="cpu")
     r2t = torch.zeros(slots, max_ctx, dtype=torch.int32)
     runner = SimpleNamespace(token_to_kv_pool=pool, model_config=SimpleNamespace(hf_config=cfg),
@@ -76,6 +87,27 @@ def test_forced_flashmla_names_the_geometry(monkeypatch):
     assert {c.impl for c in be.choice.values()} == {"triton"}
     with pytest.raises(ValueError, match="cannot serve the hca layers: FlashMLA runs on CUDA only"):
         _backend(impl="flashmla", kv=torch.float8_e4m3fn)
+
+
+# every row of the geometry matrix in bf16 KV, and in fp8 KV where the fp8 layouts hold it
+MATRIX_KV = [(v.name, kv) for v in VARIANTS for kv in ("bfloat16", "fp8_e4m3") if kv == "bfloat16" or not v.fp8_kv]
+
+
+@pytest.mark.parametrize("variant,kv", MATRIX_KV, ids=[f"{n}-{kv}" for n, kv in MATRIX_KV])
+def test_triton_takes_every_geometry_of_the_matrix(variant, kv, monkeypatch):
+    """Every row of the geometry matrix (other windows and compress ratios, widths that are not powers of two,
+    layer patterns), in bf16 and, where the fp8 layouts hold it (kernels/layout.fp8_unfit), fp8 KV: the Triton
+    kernels serve each layer kind (no reason from select.triton_unfit), so on CUDA the torch path serves only
+    when forced. Under the interpreter here, as the CUDA check is the device's."""
+    from sglang_ernie55.attention import select
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    cfg = BY_NAME[variant].config()
+    dtype = torch.float8_e4m3fn if kv == "fp8_e4m3" else torch.bfloat16
+    be, _ = _backend(kv=dtype, impl="triton", cfg=cfg)
+    assert {c.impl for c in be.choice.values()} == {"triton"} and set(be.choice) == set(cfg.layer_types)
+    for kind in set(cfg.layer_types):
+        assert select.triton_unfit(kind, cfg, be.pool, cfg.layer_types.index(kind)) == ""
 
 
 def test_dense_pool_refuses_the_kernels(monkeypatch):
@@ -140,14 +172,23 @@ def _job_set(jobs):
     return sorted(tuple(r) for r in rows.tolist() if r[4] >= 0)
 
 
-@pytest.mark.parametrize("seed", range(6))
-def test_extend_jobs_equal_the_host_planner(seed):
+# (geometry-matrix row, seeds): the tiny preset (window / ratio 128 / 128), window 64 / ratio 32, window 32 <
+# ratio 128, window / ratio 64 / 64
+OTHER_GEOMETRIES = ("odd_mla_dims", "w32_c128_hca_only", "w64_c64_r1")
+JOB_CASES = [("tiny", s) for s in range(6)] + [(n, s) for n in OTHER_GEOMETRIES for s in range(2)]
+
+
+@pytest.mark.parametrize("variant,seed", JOB_CASES, ids=[f"{n}-{s}" for n, s in JOB_CASES])
+def test_extend_jobs_equal_the_host_planner(variant, seed):
     """Random mixed batches (fresh prefills, chunk continuations at any offset, prefix hits, decode rows):
-    the device-built jobs are exactly plan_compress_jobs' (the kernels' own host planner)."""
+    the device-built jobs are exactly plan_compress_jobs' (the kernels' own host planner), and the index rows
+    follow the config's window and compress ratio."""
     from sglang_ernie55.kernels.hca_compress import plan_compress_jobs
 
     rnd = random.Random(seed)
-    be, r2t = _backend()
+    cfg = BY_NAME[variant].config()
+    W, ratio = cfg.window_size, cfg.compress_ratio
+    be, r2t = _backend(cfg=cfg)
     reqs = rnd.sample(range(6), rnd.randint(1, 5))
     prefix = [rnd.choice([0, 256, rnd.randint(0, 700)]) for _ in reqs]
     ext = [rnd.choice([1, rnd.randint(1, 600)]) for _ in reqs]
@@ -157,8 +198,8 @@ def test_extend_jobs_equal_the_host_planner(seed):
     _fill_pages(r2t, lens, seed)
     m = kp.extend_meta(be, _extend_fb(r2t, reqs, prefix, ext))
     seq = [p + e for p, e in zip(prefix, ext)]
-    cmp = lambda i, j: int(r2t[reqs[i], 128 * j]) // 128  # noqa: E731
-    want = _job_set(plan_compress_jobs(prefix, seq, reqs, cmp))
+    cmp = lambda i, j: int(r2t[reqs[i], ratio * j]) // ratio  # noqa: E731
+    want = _job_set(plan_compress_jobs(prefix, seq, reqs, cmp, ratio=ratio))
     assert _job_set(m.jobs) == want
     # token rows: positions, batch rows, state slots, sequence lengths
     pos = torch.cat([torch.arange(p, p + e) for p, e in zip(prefix, ext)])
@@ -170,11 +211,11 @@ def test_extend_jobs_equal_the_host_planner(seed):
     # window / compressed rows: slots of the right positions, -1 after the lengths
     t = rnd.randrange(len(pos))
     r, p = reqs[int(rows[t])], int(pos[t])
-    lo = max(0, p - 127)
-    assert m.win_len[t] == p - lo + 1
+    lo = max(0, p - W + 1)
+    assert m.win_idx.shape[1] == W and m.win_len[t] == p - lo + 1
     assert m.win_idx[t, : p - lo + 1].tolist() == r2t[r, lo : p + 1].tolist()
     assert (m.win_idx[t, p - lo + 1 :] == -1).all()
-    nb = (p + 1) // 128
+    nb = (p + 1) // ratio
     assert m.cmp_len[t] == nb and m.cmp_idx.shape[1] % 64 == 0
     assert m.cmp_idx[t, :nb].tolist() == [cmp(int(rows[t]), j) for j in range(nb)]
     assert (m.cmp_idx[t, nb:] == -1).all()
