@@ -455,3 +455,24 @@ def test_error_names_flag_value_legal_and_why_and_pickles(ernie):
     assert isinstance(e, ValueError)
     assert str(e).startswith("ERNIE-5.5: --page-size 64: legal: 256. ERNIE-5.5's KV pools")
     assert str(pickle.loads(pickle.dumps(e))) == str(e)
+
+
+# ============================================================================================ CUDA graphs
+@pytest.mark.parametrize("device", ["cuda", "cpu"])
+def test_prefill_cuda_graph_off_by_default(ernie, qwen, device, caplog):
+    """The ernie55 backend's prefill reads host-side lengths: SGLang's prefill CUDA graph is turned off for the
+    model (decode graphs stay); other models keep SGLang's choice."""
+    caplog.set_level(logging.INFO)
+    graphs = resolve_server_args(["--model-path", ernie], device=device).resolved_dict()["cuda_graph_config"]
+    assert graphs["prefill"]["backend"] == "disabled"
+    assert graphs["decode"]["backend"] != "disabled"
+    theirs = resolve_server_args(["--model-path", qwen, "--cuda-graph-backend-prefill", "breakable"], device=device)
+    assert theirs.resolved_dict()["cuda_graph_config"]["prefill"]["backend"] == "breakable"
+
+
+def test_prefill_cuda_graph_asked_by_name_is_refused(ernie):
+    e = rejects(ernie, "--cuda-graph-backend-prefill", "breakable")
+    assert e.flag == "--cuda-graph-backend-prefill" and "disabled" in e.legal
+    assert "--disable-prefill-cuda-graph" in str(e)
+    # the legacy off switch is fine
+    assert resolved(ernie, "--disable-prefill-cuda-graph")["cuda_graph_config"]["prefill"]["backend"] == "disabled"

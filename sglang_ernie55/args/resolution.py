@@ -83,10 +83,30 @@ def model_specific_adjustments(server_args: Any, previous) -> None:
 
     previous(server_args)  # applies ernie55_overrides (overrides.py) among the model overrides
 
+    _prefill_graphs_off(server_args)
     cfg = resolving_view(server_args)
     warning = rules.long_context_guidance(cfg.context_length, cfg.max_running_requests)
     if warning:
         logger.warning("ERNIE-5.5: %s", warning)
+
+
+def _prefill_graphs_off(server_args: Any) -> None:
+    """The `ernie55` backend's extend runs on host-side lengths (ragged prefixes, chunked prefill, block
+    compression jobs), which a captured prefill graph would freeze: SGLang's prefill CUDA graph is turned off
+    for this model, as SGLang does for backends its prefill graphs do not fit; asked for by name, refused."""
+    from sglang.srt.arg_groups.model_override_base import resolving_view
+    from sglang.srt.arg_groups.overrides import declare_resolution
+    from sglang.srt.model_executor.cuda_graph_config import Backend, Phase, with_phase
+
+    graphs = resolving_view(server_args).cuda_graph_config
+    backend = graphs.prefill.backend
+    if backend == Backend.DISABLED:
+        return
+    if (Phase.PREFILL, "backend") in getattr(server_args, "_cuda_graph_config_locked", ()):
+        rules.refuse_prefill_cuda_graph(str(getattr(backend, "value", backend)))
+    declare_resolution(server_args, "ernie55_prefill_cuda_graph",
+                       cuda_graph_config=with_phase(graphs, Phase.PREFILL, backend=Backend.DISABLED))  # fmt: skip
+    logger.info("ERNIE-5.5: prefill CUDA graph off (%s): %s", backend, rules.PREFILL_GRAPH_WHY)
 
 
 def _check_attention_tp(server_args: Any) -> None:

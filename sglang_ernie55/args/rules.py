@@ -325,6 +325,20 @@ def check_hicache_size(hicache_size: int) -> None:
     )  # fmt: skip
 
 
+PREFILL_GRAPH_WHY = (
+    "the ernie55 attention backend's prefill (extend) reads each request's prefix and extend lengths on the "
+    "host to lay out block compression and the DSA top-k, which a captured graph cannot replay; decode and "
+    "ECHO verify / draft run as CUDA graphs"
+)
+
+
+def refuse_prefill_cuda_graph(backend: str) -> None:
+    raise Ernie55ArgumentError(
+        "--cuda-graph-backend-prefill", backend, "disabled (the default for this model)", f"{PREFILL_GRAPH_WHY}.",
+        "Drop the flag, or pass --disable-prefill-cuda-graph.",
+    )  # fmt: skip
+
+
 def long_context_guidance(context_length: int | None, max_running_requests: int | None = None) -> str | None:
     """The warning for --context-length above 131072, or None.
 
