@@ -26,6 +26,8 @@ and the open-block state keep full-pool / request addressing (the kernel path li
 
 from __future__ import annotations
 
+import logging
+
 import torch
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 
@@ -34,6 +36,8 @@ from ..mem_cache.pool import Ernie55TokenToKVPool
 from . import kernel_path as kp
 from . import select
 from .torch_path import DecodeMeta, ExtendMeta, TorchHCA, TorchMLA
+
+logger = logging.getLogger(__name__)
 
 
 def deterministic_inference() -> bool:
@@ -87,6 +91,10 @@ class Ernie55AttnBackend(AttentionBackend):
         self.page_starts = self.req_to_token[:, :: self.page_size]
         self.graph_width = self.max_ctx
         self._rope_tables: dict = {}
+        from ..mem_cache.sizing import SIZING_LOG, device_memory
+
+        if device_memory(pool.device):
+            logger.info(f"{SIZING_LOG} at attention-backend set-up: {device_memory(pool.device)}")
         self.torch_hca = TorchHCA(pool, self.req_to_token, self.W, self.ratio)
         self.torch_mla = TorchMLA(pool, self.req_to_token, self.topk)
 

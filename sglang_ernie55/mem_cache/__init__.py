@@ -49,7 +49,14 @@ def _around_build_pool(original, self, *args, sizes, req_to_token_pool, **kwargs
             f"ERNIE-5.5 pool: full_max_total_num_tokens {sizes.full_max_total_num_tokens} != "
             f"max_total_num_tokens {sizes.max_total_num_tokens} (Ernie55PoolConfigurator sets both)"
         )
-    return Ernie55TokenToKVPool(
+    import logging
+
+    from .sizing import SIZING_LOG, device_memory
+
+    log = logging.getLogger(__name__)
+    if device_memory(self.device):
+        log.info(f"{SIZING_LOG} before the KV pool: {device_memory(self.device)}")
+    pool = Ernie55TokenToKVPool(
         sizes.max_total_num_tokens,
         page_size=self.pool_page_size,
         dtype=self.kv_cache_dtype,
@@ -58,8 +65,13 @@ def _around_build_pool(original, self, *args, sizes, req_to_token_pool, **kwargs
         device=self.device,
         enable_memory_saver=get_exec().features.enable_memory_saver,
         swa_size=sizes.swa_max_total_num_tokens if hybrid else None,
-        state_blocks=state_blocks_for(getattr(self, "spec_algorithm", None)),  # 2 when speculating (rejected drafts)
+        state_blocks=state_blocks_for(
+            getattr(self, "spec_algorithm", None)
+        ),  # 2 when speculating (rejected drafts)
     )
+    if device_memory(self.device):
+        log.info(f"{SIZING_LOG} after the KV pool: {device_memory(self.device)}")
+    return pool
 
 
 def register() -> None:

@@ -219,6 +219,19 @@ class PoolLayout:
         )
 
 
+def device_memory(device) -> str:
+    """One log fragment of the CUDA device's memory ('' elsewhere): what PyTorch holds and what is free, so
+    that a log shows where memory went between the pool sizing and graph capture."""
+    if not str(device).startswith("cuda") or not torch.cuda.is_available():
+        return ""
+    free, total = torch.cuda.mem_get_info()
+    gib = 1 << 30
+    return (
+        f"torch allocated {torch.cuda.memory_allocated() / gib:.2f} GiB, reserved "
+        f"{torch.cuda.memory_reserved() / gib:.2f} GiB, device free {free / gib:.2f} of {total / gib:.2f} GiB"
+    )
+
+
 def state_blocks_for(spec_algorithm) -> int:
     """Blocks of the HCA open-block state ring: 2 when the server verifies speculative drafts (any SGLang
     `SpeculativeAlgorithm` other than NONE), else 1."""
