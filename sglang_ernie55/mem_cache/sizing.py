@@ -381,6 +381,8 @@ def _make_configurator():
             if full >= 2 * page_size and (swa is None or swa > floor):
                 return
             plan = self.planned_bytes(max(full, page_size), page_size)
+            if plan["req_to_token"] < budget // 2:
+                return  # not the table: SGLang's own checks name the flag (SWA ratio, memory fraction)
             gib = lambda n: f"{n / (1 << 30):.2f} GiB"  # noqa: E731
             reqs = self._quiet_max_reqs(max(full, page_size))
             raise RuntimeError(
