@@ -4,7 +4,7 @@ Run as a script (`python kernel_path_check.py {backend,model} KV [DEVICE [GEOMET
 JSON line; the CPU tests run it with TRITON_INTERPRET=1 in a subprocess) or import `run_backend` /
 `run_model` (the GPU tests).
 
-backend: one HCA and one MLA-DSA layer, a sequence of batches the way SGLang's scheduler makes them
+backend: one HCA and one MLA-DSA layer (or the one kind a geometry has), a sequence of batches the way SGLang's scheduler makes them
 (fresh prefill, a mixed extend whose chunk completes a block from open-block state rows, a prefix hit of
 a whole page into a slot with stale state, batched decode crossing a block boundary, a CUDA-graph-style
 decode with a padded row and context-length widths). Before each compared batch the pool is snapshot;
@@ -33,8 +33,14 @@ import twin_harness as th  # noqa: E402
 PAGE = 256
 
 
+# attention layer kinds of the geometry-matrix rows this check runs (tests/serving/geometries.py): the row's
+# window / ratio / widths with one layer of each kind it has, in the row's order
+MATRIX_LAYERS = {"odd_mla_dims": ["mla_dsa", "hca"], "w32_c128_hca_only": ["hca"]}
+
+
 def geometry_config(geometry: str):
-    """One HCA layer (id 0) and one MLA-DSA layer (id 1) at the tiny or the full attention widths."""
+    """One HCA layer (id 0) and one MLA-DSA layer (id 1) at the tiny or the full attention widths, or the
+    attention geometry of a row of the geometry matrix (`MATRIX_LAYERS`)."""
     from sglang_ernie55.configuration import Ernie55Config, tiny_config
 
     if geometry == "tiny":
@@ -42,6 +48,12 @@ def geometry_config(geometry: str):
     if geometry == "full":
         return Ernie55Config(vocab_size=512, num_hidden_layers=2, layer_types=["hca", "mla_dsa"],
                              first_k_dense_replace=2, intermediate_size=256, bos_token_id=1, eos_token_id=2)  # fmt: skip
+    if geometry in MATRIX_LAYERS:
+        from geometries import BY_NAME
+
+        kinds = MATRIX_LAYERS[geometry]
+        over = dict(BY_NAME[geometry].overrides, num_hidden_layers=len(kinds), layer_types=kinds)
+        return tiny_config(**dict(over, first_k_dense_replace=len(kinds)))
     raise ValueError(geometry)
 
 
@@ -71,7 +83,8 @@ class Slots:
 
 
 class Layers:
-    """What the backend reads from the model's layers: RadixAttention-like records, the compressor, the sink."""
+    """What the backend reads from the model's layers: RadixAttention-like records, the compressor, the sink;
+    `hca` / `mla` None where the geometry has no layer of that kind."""
 
     def __init__(self, cfg, device, seed: int = 0):
         from sglang_ernie55.layers.attention import Compressor, RopeTable
@@ -85,9 +98,13 @@ class Layers:
             self.compressor.norm.weight.copy_(1 + 0.1 * torch.randn(cfg.head_dim, generator=g))
         self.sink = torch.randn(cfg.num_attention_heads, generator=g).to(device)
         D, R, r = cfg.head_dim, cfg.kv_lora_rank, cfg.qk_rope_head_dim
-        self.hca = SimpleNamespace(layer_id=0, scaling=D**-0.5, v_head_dim=D)
-        self.mla = SimpleNamespace(layer_id=1, scaling=mla_softmax_scale(cfg.qk_nope_head_dim + r, cfg.rope_scaling),
-                                   v_head_dim=R)  # fmt: skip
+        kinds = list(cfg.layer_types)
+        self.hca = self.mla = None
+        if "hca" in kinds:
+            self.hca = SimpleNamespace(layer_id=kinds.index("hca"), scaling=D**-0.5, v_head_dim=D)
+        if "mla_dsa" in kinds:
+            scale = mla_softmax_scale(cfg.qk_nope_head_dim + r, cfg.rope_scaling)
+            self.mla = SimpleNamespace(layer_id=kinds.index("mla_dsa"), scaling=scale, v_head_dim=R)
 
 
 def _bf16(x):
@@ -107,18 +124,21 @@ def make_inputs(cfg, T: int, g: torch.Generator, device) -> dict:
 
 
 def run_batch(be, layers, fb, x, decode: bool, graph: bool = False) -> dict:
-    """One forward of both layers through backend `be`; returns the two attention outputs."""
+    """One forward of the layers (HCA and / or MLA-DSA) through backend `be`; returns their attention outputs."""
     if graph:
         be.init_forward_metadata_out_graph(fb, in_capture=True)
         be.init_forward_metadata_in_graph(fb)
     else:
         be.init_forward_metadata(fb)
     fwd = be.forward_decode if decode else be.forward_extend
-    o_h = fwd(x["q"], x["kv"], x["kv"], layers.hca, fb, ernie_kind="hca", cs=x["cs"], compressor=layers.compressor,
-              attn_sink=layers.sink)  # fmt: skip
-    o_m = fwd(x["mq"], x["kc"], x["kc"][:, : layers.mla.v_head_dim], layers.mla, fb, ernie_kind="mla",
-              index_q=x["iq"], index_w=x["iw"], index_k=x["ik"])  # fmt: skip
-    return {"hca": o_h.float(), "mla": o_m.float()}
+    out = {}
+    if layers.hca is not None:
+        out["hca"] = fwd(x["q"], x["kv"], x["kv"], layers.hca, fb, ernie_kind="hca", cs=x["cs"],
+                         compressor=layers.compressor, attn_sink=layers.sink).float()  # fmt: skip
+    if layers.mla is not None:
+        out["mla"] = fwd(x["mq"], x["kc"], x["kc"][:, : layers.mla.v_head_dim], layers.mla, fb, ernie_kind="mla",
+                         index_q=x["iq"], index_w=x["iw"], index_k=x["ik"]).float()  # fmt: skip
+    return out
 
 
 def pool_buffers(pool) -> dict[str, torch.Tensor]:
@@ -168,7 +188,7 @@ def compare(cfg, pool, got: dict, want: dict, snap_g: dict, snap_w: dict, kv: st
     from sglang_ernie55.reference import kernels_ref as kref
 
     rep = {}
-    for k in ("hca", "mla"):
+    for k in want:
         scale = float(want[k].abs().max())
         err = float((got[k] - want[k]).abs().max())
         rep[f"{k}_max_abs"], rep[f"{k}_scale"] = err, scale
@@ -318,13 +338,14 @@ def run_backend(kv: str, device: str = "cpu", geometry: str = "tiny", impls=("tr
     th.init_dist()
     cfg = geometry_config(geometry)
     dtype = torch.float8_e4m3fn if kv == "fp8_e4m3" else torch.bfloat16
-    num_pages, max_ctx, req_slots = 24, 2048 if geometry == "tiny" else 4096, 6
+    num_pages, max_ctx, req_slots = 24, 4096 if geometry == "full" else 2048, 6
     pool = Ernie55TokenToKVPool(num_pages * PAGE, PAGE, dtype, cfg, num_req_slots=req_slots, device=device)
     slots = Slots(num_pages, max_ctx, req_slots, device)
     r = BackendRun(kv, device, geometry, impls, pool, slots, cfg)
-    long = 300 if geometry == "tiny" else cfg.index_topk + 700  # > index_topk: the DSA top-k selects
+    long = cfg.index_topk + 700 if geometry == "full" else 300  # > index_topk: the DSA top-k selects
 
-    # twin only: request 0 open block of 120 rows, request 1 long (past index_topk), request 4 stale state
+    # twin only: request 0 open block of 120 rows (ratio 128; at a smaller ratio 120 % ratio rows), request 1
+    # long (past index_topk), request 4 stale state
     r.twin_only(*r.extend([0, 1], [120, long]), False)
     r.twin_only(*r.extend([4], [77]), False)
     # A: mixed extend: request 0 completes block 0 from 120 state rows + 8 new rows, request 1 continues
@@ -336,7 +357,8 @@ def run_backend(kv: str, device: str = "cpu", geometry: str = "tiny", impls=("tr
     r.compared("short_prefill", *r.extend([5], [30]), False)
     # B: prefix hit: request 3 starts with request 1's first page; slot 4 -> 3 carries stale state
     slots.share_prefix(1, 3, PAGE)
-    pool.state[0][3] = pool.state[0][4]
+    for st in pool.state.values():
+        st[3] = st[4]
     r.compared("prefix_hit", *r.extend([3], [12]), False)
     # C: batched decode; request 1 completes a block at step 0
     for step in range(3):
@@ -375,7 +397,7 @@ def run_backend_swa(kv: str, device: str = "cpu", geometry: str = "tiny", impls=
     th.init_dist()
     cfg = geometry_config(geometry)
     dtype = torch.float8_e4m3fn if kv == "fp8_e4m3" else torch.bfloat16
-    long = 600 if geometry == "tiny" else cfg.index_topk + 600
+    long = cfg.index_topk + 600 if geometry == "full" else 600
     swa_pages = -(-long // PAGE)
     s = th.Session(None, cfg, dtype, num_pages=24, max_ctx=4096, slots=4, swa_pages=swa_pages, device=device)
     slots = SessionSlots(s)

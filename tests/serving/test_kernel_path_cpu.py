@@ -1,6 +1,8 @@
 """The `ernie55` backend's kernel path (Triton, in Triton's CPU interpreter: a subprocess, so that
 TRITON_INTERPRET=1 is set before triton is imported) against its torch twin, tiny geometry, bf16 and fp8
-pools. The scenarios and criteria are in kernel_path_check.py (the GPU suite runs the same at full width)."""
+pools, and rows of the geometry matrix the tiny preset never takes (other windows / compress ratios, widths
+that are not powers of two). The scenarios and criteria are in kernel_path_check.py (the GPU suite runs the
+same at full width)."""
 
 from __future__ import annotations
 
@@ -43,6 +45,36 @@ def test_kernel_path_verify_equals_twin(kv):
     """TARGET_VERIFY (4 rows per request) on the two-block state ring: rows crossing a compression block
     and a page, rejected drafts re-verified over the same slots, the graph form with a padded request."""
     rep = _run("backend_verify", kv, "cpu", "tiny", "triton")
+    assert set(rep["steps"]) == {"verify_cross_block", "verify_after_reject", "verify_graph_padded"}
+
+
+BACKEND_STEPS = {"mixed_extend", "short_prefill", "prefix_hit", "decode0", "decode1", "decode2", "graph_decode_padded"}
+# geometry-matrix rows (tests/serving/geometries.py) and KV dtypes: window 64 / ratio 32, head 96 / rope 32,
+# MLA latent 96 + rope 32, indexer 48, v_head 48, MLA-DSA first (bf16: the fp8 layout cannot tile latent 96);
+# window 32 < ratio 128, head 96 / rope 32 (nope 64: fp8 fits too), HCA layers only
+MATRIX = [("odd_mla_dims", "bfloat16"), ("w32_c128_hca_only", "bfloat16"), ("w32_c128_hca_only", "fp8_e4m3")]
+MATRIX_IDS = [f"{g}-{kv}" for g, kv in MATRIX]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("geometry,kv", MATRIX, ids=MATRIX_IDS)
+def test_kernel_path_equals_twin_at_other_geometries(geometry, kv):
+    """The backend scenario above (mixed extend completing blocks from state rows, a short prefill, a prefix hit,
+    batched decode, a graph-width decode with a padded row) at a geometry the kernels hold padded and a window /
+    compress ratio other than 128 / 128: same criteria (outputs to 1e-5 of their scale, stored rows and open-block
+    state byte for byte, compressed entries by value)."""
+    rep = _run("backend", kv, "cpu", geometry, "triton")
+    assert set(rep["steps"]) == BACKEND_STEPS
+    kinds = {k[:3] for s in rep["steps"].values() for k in s["triton"] if k.endswith("_scale")}
+    assert kinds == ({"hca", "mla"} if geometry == "odd_mla_dims" else {"hca"}), kinds
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("geometry,kv", MATRIX, ids=MATRIX_IDS)
+def test_kernel_path_verify_equals_twin_at_other_geometries(geometry, kv):
+    """TARGET_VERIFY (4 rows per request) on the two-block state ring at the same geometries: rows crossing a
+    compression block, rejected drafts re-verified, the graph form with a padded request."""
+    rep = _run("backend_verify", kv, "cpu", geometry, "triton")
     assert set(rep["steps"]) == {"verify_cross_block", "verify_after_reject", "verify_graph_padded"}
 
 
