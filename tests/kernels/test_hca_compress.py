@@ -203,6 +203,16 @@ def test_hca_compress_odd_geometry(name, kv):
     _run(kv, [2 * ratio + 5, ratio + 1], [ratio // 2 + 3, ratio, 1], blocks=2, dim=dim, rope=rope, ratio=ratio)
 
 
+EXTREMES = [(1, [9, 4], [3, 1]), (2, [9, 5], [3, 2, 1]), (256, [517, 257], [131, 256, 127, 1])]
+
+
+@pytest.mark.parametrize("ratio,lens,chunks", EXTREMES, ids=[f"c{r}" for r, *_ in EXTREMES])
+def test_hca_compress_extreme_ratios(ratio, lens, chunks):
+    """The smallest and largest ratios a config may take (1: every token its own block, read in one-row chunks;
+    256: one block per page), head 96 / rope 32, bf16, two-block ring."""
+    _run("bf16", lens, chunks, blocks=2, dim=96, rope=32, ratio=ratio)
+
+
 @pytest.mark.parametrize("ratio", [32, 64])
 def test_hca_compress_rejected_drafts_other_ratios(ratio):
     """The verify rounds above (they cross positions 128 and 256, block boundaries of every ratio dividing 128)
