@@ -25,6 +25,7 @@ import sys
 
 import torch
 import triton
+
 from sglang_ernie55.kernels import layout as L
 from sglang_ernie55.kernels.indexer import indexer_logits, indexer_topk
 from sglang_ernie55.kernels.kv_store import kv_store

@@ -37,7 +37,7 @@ import torch  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests" / "serving"))
+sys.path.insert(0, str(ROOT))  # a script of the checkout: it drives the tests' CPU harness
 
 ALLOC = {"empty.memory_format", "empty_strided.default", "empty_like.default", "new_empty.default"}
 
@@ -77,11 +77,11 @@ def main() -> None:
     ap.add_argument("--ops", action="store_true", help="list the launching ops of the layers")
     a = ap.parse_args()
     import triton.runtime.interpreter as interp
-    import twin_harness as th
 
     from sglang_ernie55.configuration import tiny_config
     from sglang_ernie55.layers.moe import Ernie55LatentMoE
     from sglang_ernie55.reference.model import build_reference
+    from tests.serving import twin_harness as th
 
     cfg = tiny_config()
     ref = build_reference(cfg, seed=0)

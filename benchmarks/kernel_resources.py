@@ -33,11 +33,12 @@ os.environ.pop("TRITON_INTERPRET", None)  # compile for the GPU (bf16 dot operan
 
 import torch  # noqa: E402
 import triton  # noqa: E402
-from sglang_ernie55.kernels import layout as L  # noqa: E402
-from sglang_ernie55.kernels import sparse_attn as SA  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource, make_backend  # noqa: E402
 from triton.runtime.jit import create_function_from_signature  # noqa: E402
+
+from sglang_ernie55.kernels import layout as L  # noqa: E402
+from sglang_ernie55.kernels import sparse_attn as SA  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")

@@ -19,11 +19,9 @@ from pathlib import Path
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent / "serving"))
-import server_harness as sh  # noqa: E402
-
 from sglang_ernie55.cli import demo  # noqa: E402
 from sglang_ernie55.cli.main import main  # noqa: E402
+from tests.serving import server_harness as sh
 
 PROGRESS = re.compile(r"^\[ernie55-demo +\d+\.\ds\] ")
 

@@ -17,19 +17,15 @@ from __future__ import annotations
 
 import copy
 import logging
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent / "serving"))
-import geometries as G  # noqa: E402
-from sglang_ernie55.kernels.layout import fp8_unfit, hca_geometry, idx_geometry, mla_geometry  # noqa: E402
-
 from sglang_ernie55.args import Ernie55ArgumentError, resolve_server_args, write_config_checkpoint  # noqa: E402
 from sglang_ernie55.configuration import SGLANG_PADDED_WIDTHS, checkpoint_config  # noqa: E402
+from sglang_ernie55.kernels.layout import fp8_unfit, hca_geometry, idx_geometry, mla_geometry  # noqa: E402
+from tests.serving import geometries as G
 
 NAMES = [v.name for v in G.VARIANTS]
 ROUTED = "-> bfloat16, not the model's default fp8_e4m3: "
@@ -155,10 +151,8 @@ def _sglang_padded(cfg, pad: int = 32):
 
 @pytest.fixture(scope="module")
 def padded_model():
-    sys.path.insert(0, str(Path(__file__).resolve().parent / "serving"))
-    import twin_harness as th
-
     from sglang_ernie55.reference.model import build_reference
+    from tests.serving import twin_harness as th
 
     cfg = G.BY_NAME["w64_c64_r1"].config()  # moe_inter 40, dense inter 200, shared 96
     ref = build_reference(cfg, seed=0)

@@ -1,4 +1,4 @@
-"""The wheel: `kernels/` ships as `sglang_ernie55.kernels` (never a top-level `kernels`, which is the PyPI
+"""The wheel: the kernels ship inside the package as `sglang_ernie55.kernels` (never a top-level `kernels`, which is the PyPI
 package SGLang depends on), hardware cells ship as package data, and both `kernels` packages import."""
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ def test_wheel_layout(wheel):
     assert "sglang_ernie55/kernels/__init__.py" in names
     assert any(n.startswith("sglang_ernie55/reference/") for n in names)
     cells = [n for n in names if n.startswith("sglang_ernie55/cells/") and n.endswith(".toml")]
-    assert cells, "hardware cells (configs/) must ship as package data"
+    assert cells, "hardware cells (sglang_ernie55/cells/*.toml) must ship as package data"
     ep = [n for n in names if n.endswith("entry_points.txt")]
     text = zipfile.ZipFile(wheel).read(ep[0]).decode()
     assert "[sglang.srt.plugins]" in text and "ernie55 = sglang_ernie55.plugin:register" in text

@@ -157,7 +157,7 @@ class Ernie55AttnBackend(AttentionBackend):
         else:
             raise NotImplementedError(
                 f"ernie55 backend: forward mode {mode} is not a target-model mode (the ECHO draft's own "
-                "backend, sglang_ernie55.speculative.backend, serves the draft's DRAFT_EXTEND_V2 and decode)"
+                "backend, sglang_ernie55.attention.draft_backend, serves the draft's DRAFT_EXTEND_V2 and decode)"
             )
 
     # CUDA graphs (decode, and TARGET_VERIFY when speculating): every op reads the runner's static buffers

@@ -29,7 +29,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
       sglang-ernie55 cmd --hardware b300 --precision fp8 --strategy low-latency --host 0.0.0.0 --port 8080
       sglang-ernie55 cmd --list
     """
-    from .cells import PRECISIONS, STRATEGIES
+    from ..deploy.cells import PRECISIONS, STRATEGIES
 
     parser.add_argument("--hardware", help="b300 | gb300 | b200 | gb200 | h100 | h200")
     parser.add_argument("--precision", default="fp8", help=f"{' | '.join(PRECISIONS)} (default: fp8)")
@@ -57,7 +57,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .cells import DEFAULT_IMAGE, CellError, cell_table, find_cell
+    from ..deploy.cells import DEFAULT_IMAGE, CellError, cell_table, find_cell
 
     if args.list:
         print(cell_table())

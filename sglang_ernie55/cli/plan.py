@@ -95,8 +95,8 @@ def _gb(x: float) -> str:
 
 
 def format_table(cfg) -> str:
-    from .cells import GPUS
-    from .memory import checkpoint_bytes, minimum_gpus
+    from ..deploy.cells import GPUS
+    from ..deploy.memory import checkpoint_bytes, minimum_gpus
 
     lines = [
         f"weights: FP8 {_gb(checkpoint_bytes(cfg, 'fp8'))}, BF16 {_gb(checkpoint_bytes(cfg, 'bf16'))}",
@@ -114,7 +114,7 @@ def format_table(cfg) -> str:
 
 def explain_1m(cfg, p) -> list[str]:
     """The 1M-context constraints of a plan, as lines."""
-    from .memory import pool_bytes_per_token
+    from ..deploy.memory import pool_bytes_per_token
 
     L = p.layout
     per_tok = pool_bytes_per_token(
@@ -192,8 +192,8 @@ def render(cfg, p, concurrency: list[int], cell_name: str | None) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .cells import GPUS, CellError, find_cell
-    from .memory import Layout, minimum_gpu_table, plan
+    from ..deploy.cells import GPUS, CellError, find_cell
+    from ..deploy.memory import Layout, minimum_gpu_table, plan
 
     try:
         cfg = _load_config(args.config)

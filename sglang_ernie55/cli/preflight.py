@@ -216,7 +216,7 @@ def _visible_gpus() -> tuple[list[dict[str, Any]], str | None]:
 
 
 def check_gpus(hardware: str | None, precision: str, strategy: str) -> list[Check]:
-    from .cells import CellError, find_cell, gpu_from_device_name
+    from ..deploy.cells import CellError, find_cell, gpu_from_device_name
 
     cell = None
     out = []
@@ -313,7 +313,7 @@ def run_checks(args: argparse.Namespace) -> list[Check]:
     if not args.no_server:
         model = None
         if args.hardware:
-            from .cells import CellError, find_cell
+            from ..deploy.cells import CellError, find_cell
 
             try:
                 model = find_cell(args.hardware, args.precision, args.strategy).model

@@ -81,7 +81,7 @@ def around_create_decode_backend(original, self, *args, **kwargs):
         return original(self, *args, **kwargs)
     if self.speculative_num_steps <= 1:
         return None  # one draft step comes from draft-extend alone (as SGLang does for every backend)
-    from .backend import EchoMultiStepDraftBackend
+    from ..attention.draft_backend import EchoMultiStepDraftBackend
 
     return EchoMultiStepDraftBackend(self.draft_model_runner, self.topk, self.speculative_num_steps)
 
@@ -89,7 +89,7 @@ def around_create_decode_backend(original, self, *args, **kwargs):
 def around_create_draft_extend_backend(original, self, *args, **kwargs):
     if not is_echo_draft(self.draft_model_runner.model_config.hf_config):
         return original(self, *args, **kwargs)
-    from .backend import EchoDraftAttnBackend
+    from ..attention.draft_backend import EchoDraftAttnBackend
 
     return EchoDraftAttnBackend(self.draft_model_runner)
 
@@ -99,7 +99,7 @@ def around_build_token_to_kv_pool(original, self, *args, sizes, req_to_token_poo
         return original(self, *args, sizes=sizes, req_to_token_pool=req_to_token_pool, **kwargs)
     from sglang.srt.runtime_context import get_exec
 
-    from .pool import EchoDraftKVPool
+    from ..mem_cache.draft_pool import EchoDraftKVPool
 
     return EchoDraftKVPool(
         sizes.max_total_num_tokens,
@@ -117,7 +117,7 @@ def around_build_resolved_backend(original, *args, model_runner, **kwargs):
     """The draft ModelRunner builds a backend of its own from the attention-backend name (`ernie55`, whose
     target backend refuses the draft pool); the ECHO draft runner gets the window-only draft backend."""
     if getattr(model_runner, "is_draft_worker", False) and is_echo_draft(model_runner.model_config.hf_config):
-        from .backend import EchoDraftAttnBackend
+        from ..attention.draft_backend import EchoDraftAttnBackend
 
         return EchoDraftAttnBackend(model_runner)
     return original(*args, model_runner=model_runner, **kwargs)
@@ -151,7 +151,7 @@ def echo_draft_extend_graph_wanted(worker) -> bool:
     `SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH` unset). Reads SGLang's module state at call time."""
     from sglang.srt.speculative import eagle_worker_v2 as ew2
 
-    from .backend import EchoDraftAttnBackend
+    from ..attention.draft_backend import EchoDraftAttnBackend
 
     runner = getattr(worker, "draft_runner", None)
     if runner is None or not is_echo_draft(runner.model_config.hf_config):

@@ -21,9 +21,9 @@ import math
 
 import pytest
 
-from sglang_ernie55.cli import cells as C
-from sglang_ernie55.cli.memory import Layout, minimum_gpus, plan
 from sglang_ernie55.configuration import Ernie55Config
+from sglang_ernie55.deploy import cells as C
+from sglang_ernie55.deploy.memory import Layout, minimum_gpus, plan
 
 CELLS = C.load_cells()
 FULL = Ernie55Config()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import shlex
 
-from sglang_ernie55.cli.cells import load_cells
+from sglang_ernie55.deploy.cells import load_cells
 
 
 def test_single_node_command_and_docker_line(cli):

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from sglang_ernie55.cli import memory as M
-from sglang_ernie55.cli.cells import GPUS
 from sglang_ernie55.configuration import Ernie55Config, tiny_config
+from sglang_ernie55.deploy import memory as M
+from sglang_ernie55.deploy.cells import GPUS
 
 FULL = Ernie55Config()
 
@@ -87,9 +87,9 @@ def test_planner_bytes_are_the_pools(kv, speculative, ratio):
     the target pool plus the ECHO draft pool allocate for a given full / SWA split."""
     import torch
 
+    from sglang_ernie55.mem_cache.draft_pool import EchoDraftKVPool
     from sglang_ernie55.mem_cache.pool import Ernie55TokenToKVPool
     from sglang_ernie55.mem_cache.sizing import kv_bytes, swa_tokens_for
-    from sglang_ernie55.speculative.pool import EchoDraftKVPool
 
     for cfg in (FULL, tiny_config()):
         b = kv_bytes(cfg, kv, echo=speculative)

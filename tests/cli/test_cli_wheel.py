@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from sglang_ernie55.cli.cells import cell_files
+from sglang_ernie55.deploy.cells import cell_files
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -26,7 +26,7 @@ def test_wheel_contains_every_cell(wheel):
     shipped = {
         n.rsplit("/", 1)[1].removesuffix(".toml")
         for n in names
-        if n.startswith("sglang_ernie55/cells/cells/")
+        if n.startswith("sglang_ernie55/cells/") and n.endswith(".toml")
     }
     assert shipped == set(cell_files()) and len(shipped) == 48
 
@@ -36,7 +36,7 @@ def test_installed_wheel_reads_its_cells(wheel, tmp_path):
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target), str(wheel)],
                    check=True, capture_output=True, text=True, timeout=300)  # fmt: skip
     code = (
-        f"import sys; sys.path.insert(0, {str(target)!r}); import sglang_ernie55.cli.cells as c; "
+        f"import sys; sys.path.insert(0, {str(target)!r}); import sglang_ernie55.deploy.cells as c; "
         f"assert c.__file__.startswith({str(target)!r}), c.__file__; "
         "cell = c.find_cell('h100', 'bf16', 'high-throughput'); print(len(c.load_cells()), cell.shell_command())"
     )

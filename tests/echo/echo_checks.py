@@ -5,15 +5,13 @@ through /generate with the speculative counters of meta_info."""
 from __future__ import annotations
 
 import glob
-import sys
 from pathlib import Path
 
 import requests
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "serving"))
-import server_harness as sh  # noqa: E402
-import twin_harness as th  # noqa: E402
+from tests.serving import server_harness as sh
+from tests.serving import twin_harness as th
 
 
 def generate(server, prompt: list[int], max_new: int) -> dict:

@@ -6,18 +6,14 @@ reference's `echo_forward` / chained rounds, through the same world-1 harness as
 from __future__ import annotations
 
 import contextlib
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "serving"))
-import twin_harness as th  # noqa: E402
-
 from sglang_ernie55.configuration import ARCH_ECHO, tiny_config  # noqa: E402
 from sglang_ernie55.reference import echo as refecho  # noqa: E402
+from tests.serving import twin_harness as th
 
 PAGE = 256
 
@@ -39,8 +35,8 @@ class DraftSession:
 
     def __init__(self, draft, cfg, kv_dtype=torch.float32, max_ctx=1024, slots=4, swa: bool = False,
                  device: str = "cpu"):  # fmt: skip
-        from sglang_ernie55.speculative.backend import EchoDraftAttnBackend
-        from sglang_ernie55.speculative.pool import EchoDraftKVPool
+        from sglang_ernie55.attention.draft_backend import EchoDraftAttnBackend
+        from sglang_ernie55.mem_cache.draft_pool import EchoDraftKVPool
 
         self.draft, self.cfg, self.device = draft, cfg, device
         pages = max_ctx // PAGE  # every request owns contiguous pages (allocation is not under test)
@@ -226,8 +222,8 @@ def test_draft_extend_v2_uniform_rows_overwrite_rejected_positions(setup):
 def pool_rounded_reference(cfg, kv_dtype):
     """The reference with the tensors the draft pool stores (HCA kv; MLA latent | k_pe) passed through the
     pool's own byte codec: the oracle for bf16 / fp8 draft KV (queries and everything else fp32)."""
+    from sglang_ernie55.mem_cache.draft_pool import EchoDraftKVPool
     from sglang_ernie55.reference import model as M
-    from sglang_ernie55.speculative.pool import EchoDraftKVPool
 
     scratch = EchoDraftKVPool(PAGE, PAGE, kv_dtype, cfg, device="cpu")
 
@@ -282,7 +278,7 @@ def test_echo_bytes_per_token(setup):
     """The pool allocates what `echo_bytes_per_token` (the configurator's reservation) says; full size HCA
     fp8 is SGLang's V4 window layout (584 B/token, 585 with its page padding)."""
     from sglang_ernie55.configuration import Ernie55Config
-    from sglang_ernie55.speculative.pool import EchoDraftKVPool, echo_bytes_per_token
+    from sglang_ernie55.mem_cache.draft_pool import EchoDraftKVPool, echo_bytes_per_token
 
     cfg = setup[0]
     for dt in (torch.bfloat16, torch.float8_e4m3fn):

@@ -24,18 +24,14 @@ Triton kernel the GPU records needs a GPU; twin_harness.torch_experts loops over
 from __future__ import annotations
 
 import contextlib
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "serving"))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import twin_harness as th  # noqa: E402
-from test_draft_cpu import PAGE, DraftSession, _cfg  # noqa: E402
+from tests.echo.test_draft_cpu import PAGE, DraftSession, _cfg
+from tests.serving import twin_harness as th
 
 CAPTURE_BS = [4]
 # request slot -> its committed length L before the round (the verify window is L .. L+S): windows across

@@ -19,15 +19,13 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import test_draft_graph_cpu as g  # noqa: E402
+from tests.echo import test_draft_graph_cpu as g
 
 pytestmark = [pytest.mark.gpu]
 OUT = Path(os.environ.get("OUT") or os.environ.get("SERVING_LOG_DIR") or "gpu-out")

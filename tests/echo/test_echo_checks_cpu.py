@@ -13,17 +13,14 @@ altered the ways a server could be wrong.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "serving"))
-import echo_checks  # noqa: E402
-import server_harness as sh  # noqa: E402
-import twin_harness as th  # noqa: E402
+from tests.echo import echo_checks
+from tests.serving import server_harness as sh
+from tests.serving import twin_harness as th
 
 LENGTHS = (90, 100, 120, 200)  # the H200 suite's prompts of these lengths (same generator)
 

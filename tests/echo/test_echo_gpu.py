@@ -36,7 +36,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -45,12 +44,9 @@ import pytest
 import requests
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "serving"))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import echo_checks  # noqa: E402
-import server_harness as sh  # noqa: E402
-
 from sglang_ernie55.configuration import tiny_config  # noqa: E402
+from tests.echo import echo_checks
+from tests.serving import server_harness as sh
 
 pytestmark = [pytest.mark.gpu]
 

@@ -26,17 +26,13 @@ streams and `echo_forward`.
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "serving"))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import echo_checks  # noqa: E402
-import server_harness as sh  # noqa: E402
-
 from sglang_ernie55.configuration import tiny_config  # noqa: E402
+from tests.echo import echo_checks
+from tests.serving import server_harness as sh
 
 SHIM = Path(__file__).resolve().parent / "cpu_spec_shim"
 NEW_TOKENS = 10

@@ -15,8 +15,6 @@ import torch
 
 from sglang_ernie55.configuration import ARCH_ECHO, ARCH_MAIN, tiny_config
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "serving"))
-
 LLAMA_TINY = {
     "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 512, "hidden_size": 64,
     "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
@@ -176,8 +174,8 @@ def _draft_runner(cfg, pool):
 def test_draft_backend_factory_gives_echo_backends(hooks, steps):
     from sglang.srt.speculative.draft_utils import DraftBackendFactory
 
-    from sglang_ernie55.speculative.backend import EchoDraftAttnBackend, EchoMultiStepDraftBackend
-    from sglang_ernie55.speculative.pool import EchoDraftKVPool
+    from sglang_ernie55.attention.draft_backend import EchoDraftAttnBackend, EchoMultiStepDraftBackend
+    from sglang_ernie55.mem_cache.draft_pool import EchoDraftKVPool
 
     cfg = tiny_config(architectures=[ARCH_ECHO])
     runner = _draft_runner(cfg, EchoDraftKVPool(1024, 256, torch.bfloat16, cfg, device="cpu"))
@@ -198,7 +196,7 @@ def test_draft_pool_hook_builds_the_echo_pool(hooks, monkeypatch):
     window-only pool (one layer: the target's last, sized by the shared slot space)."""
     from sglang.srt.mem_cache.kv_cache_configurator import KVCacheConfigurator
 
-    from sglang_ernie55.speculative.pool import EchoDraftKVPool, echo_bytes_per_token
+    from sglang_ernie55.mem_cache.draft_pool import EchoDraftKVPool, echo_bytes_per_token
 
     monkeypatch.setattr("sglang.srt.runtime_context.get_exec",
                         lambda: SimpleNamespace(features=SimpleNamespace(enable_memory_saver=False)))  # fmt: skip
@@ -217,11 +215,11 @@ def test_draft_pool_hook_builds_the_echo_pool(hooks, monkeypatch):
 def test_init_lm_head_hook_shares_the_targets_modules(hooks):
     """SGLang's own `EagleDraftWorker.init_lm_head` (patched) on a draft and a target built from SGLang
     layers: afterwards the draft runs the target's last layer, hc_head, embedding and lm_head."""
-    import twin_harness as th
     from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
     from sglang_ernie55.models.ernie55_echo import Ernie5_5MoeMTPModel
+    from tests.serving import twin_harness as th
 
     cfg = tiny_config()
     target = th.build_model(cfg)
@@ -252,8 +250,8 @@ def test_draft_runner_backend_is_the_echo_backend(hooks):
     a target runner falls through."""
     from sglang.srt.model_executor.model_runner_components import attention_backend_setup as abs_
 
-    from sglang_ernie55.speculative.backend import EchoDraftAttnBackend
-    from sglang_ernie55.speculative.pool import EchoDraftKVPool
+    from sglang_ernie55.attention.draft_backend import EchoDraftAttnBackend
+    from sglang_ernie55.mem_cache.draft_pool import EchoDraftKVPool
 
     cfg = tiny_config(architectures=[ARCH_ECHO])
     runner = _draft_runner(cfg, EchoDraftKVPool(1024, 256, torch.bfloat16, cfg, device="cpu"))
@@ -275,8 +273,8 @@ def test_target_pool_and_sizing_under_speculation(hooks, monkeypatch, algo):
     from sglang.srt.model_executor import pool_configurator as pc
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
+    from sglang_ernie55.mem_cache.draft_pool import echo_bytes_per_token
     from sglang_ernie55.mem_cache.pool import Ernie55TokenToKVPool
-    from sglang_ernie55.speculative.pool import echo_bytes_per_token
 
     monkeypatch.setattr("sglang.srt.runtime_context.get_exec",
                         lambda: SimpleNamespace(features=SimpleNamespace(enable_memory_saver=False)))  # fmt: skip
@@ -328,8 +326,8 @@ def capture_env(hooks, monkeypatch):
     from sglang.srt.speculative import eagle_worker_v2 as ew2
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
-    from sglang_ernie55.speculative.backend import EchoDraftAttnBackend
-    from sglang_ernie55.speculative.pool import EchoDraftKVPool
+    from sglang_ernie55.attention.draft_backend import EchoDraftAttnBackend
+    from sglang_ernie55.mem_cache.draft_pool import EchoDraftKVPool
 
     for name, cls in (("flashattention_backend", "FlashAttentionBackend"), ("flashmla_backend", "FlashMLABackend")):
         mod = types.ModuleType(f"sglang.srt.layers.attention.{name}")

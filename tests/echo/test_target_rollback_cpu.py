@@ -12,17 +12,12 @@ the backend's TARGET_VERIFY mode.)
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "serving"))
-import twin_harness as th  # noqa: E402
-
 from sglang_ernie55.configuration import tiny_config  # noqa: E402
 from sglang_ernie55.reference.model import build_reference  # noqa: E402
+from tests.serving import twin_harness as th
 
 
 @pytest.fixture(scope="module")

@@ -12,17 +12,12 @@ compression state must keep two blocks (the pool of a speculative server: `state
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "serving"))
-import twin_harness as th  # noqa: E402
-
 from sglang_ernie55.configuration import tiny_config  # noqa: E402
 from sglang_ernie55.reference.model import build_reference  # noqa: E402
+from tests.serving import twin_harness as th
 
 TOL = dict(atol=1e-4, rtol=1e-4)  # fp32 weights and activations, fp32 pool rows
 # Per step count S: (prompt lengths of the two batched requests, accepted drafts per round per request).

@@ -4,9 +4,9 @@ serving-side index lists (window / compressed / paged) built the way the backend
 from __future__ import annotations
 
 import torch
+
 from sglang_ernie55.kernels import layout as L
 from sglang_ernie55.kernels.kv_store import kv_store
-
 from sglang_ernie55.reference import kernels_ref as R
 from sglang_ernie55.reference import rope
 

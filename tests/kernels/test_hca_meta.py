@@ -1,6 +1,7 @@
 import pytest
 import torch
 from kutil import PagedRequests
+
 from sglang_ernie55.kernels.hca_meta import hca_indices
 
 # (window, compress ratio): the full-size model's, then geometries a config may take (window <= 256, any ratio

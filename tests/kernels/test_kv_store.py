@@ -4,9 +4,9 @@ are not powers of two (held padded in the kernel, the padding masked) at the geo
 import pytest
 import torch
 from kutil import DEV, poison, rel
+
 from sglang_ernie55.kernels import layout as L
 from sglang_ernie55.kernels.kv_store import kv_store
-
 from sglang_ernie55.reference import kernels_ref as R
 
 GEOMS = {

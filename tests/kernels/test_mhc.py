@@ -3,8 +3,8 @@
 import pytest
 import torch
 from kutil import DEV, rel
-from sglang_ernie55.kernels import mhc as K
 
+from sglang_ernie55.kernels import mhc as K
 from sglang_ernie55.reference import mhc as M
 
 

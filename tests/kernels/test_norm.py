@@ -4,8 +4,8 @@ strided rows (a column slice), every output dtype, zero rows; rows are independe
 import pytest
 import torch
 from kutil import DEV
-from sglang_ernie55.kernels.norm import rms_norm
 
+from sglang_ernie55.kernels.norm import rms_norm
 from sglang_ernie55.reference import functional as F
 
 

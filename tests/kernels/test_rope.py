@@ -1,8 +1,8 @@
 import pytest
 import torch
 from kutil import DEV, cos_sin
-from sglang_ernie55.kernels.rope import rope_
 
+from sglang_ernie55.kernels.rope import rope_
 from sglang_ernie55.reference import rope
 
 

@@ -3,8 +3,8 @@
 import pytest
 import torch
 from kutil import DEV
-from sglang_ernie55.kernels.router import multi_router_topk, router_logits
 
+from sglang_ernie55.kernels.router import multi_router_topk, router_logits
 from sglang_ernie55.reference import functional as F
 
 

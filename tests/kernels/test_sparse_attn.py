@@ -6,9 +6,9 @@ are not powers of two: held padded inside the kernel)."""
 import pytest
 import torch
 from kutil import DEV, PagedRequests, filled_pool, poison, rel
+
 from sglang_ernie55.kernels import layout as L
 from sglang_ernie55.kernels.sparse_attn import Scope, flashmla_sparse_attention, sparse_mqa_attention
-
 from sglang_ernie55.reference import functional as F
 from sglang_ernie55.reference import kernels_ref as R
 
@@ -332,8 +332,8 @@ def test_mla_sparse_full(kv, cfg):
 def test_hca_attention_inverse_rope_tiny():
     """hca_attention = sparse attention + functional.hca_output's inverse rotation of the rope slice."""
     from kutil import cos_sin
-    from sglang_ernie55.kernels.hca_attn import hca_attention
 
+    from sglang_ernie55.kernels.hca_attn import hca_attention
     from sglang_ernie55.reference import rope
 
     o, _, (q, main, extra, sink) = _hca_case("bf16", [200, 5], 1, H=2)

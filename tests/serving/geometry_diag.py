@@ -2,7 +2,7 @@
 bf16-KV oracle on the GPU (the CPU server equals it; the H200 server scored 312-313/320 where the tiny preset
 scores 415/416).
 
-Run on the GPU machine (`python3 tests/serving/geometry_diag.py`, ~1-3 minutes; `--device cpu` runs the
+Run on the GPU machine from the repository root (`python3 -m tests.serving.geometry_diag`, ~1-3 minutes; `--device cpu` runs the
 torch-only variants as a smoke test). It builds its own random checkpoints (in memory, the reference's weights
 in bf16, as `make-tiny` writes them) and, per geometry, the SGLang model in-process on the GPU (the way
 tests/serving/layer_impl_check.py builds it: `twin_harness`, fp32 activations, the pool at bf16 KV, the
@@ -65,9 +65,6 @@ from types import SimpleNamespace
 import torch
 import triton
 import triton.language as tl
-
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
 
 JSON_TAG = "GEOMETRY_DIAG_JSON"
 WORKER_TAG = "GEOMETRY_DIAG_WORKER"
@@ -164,7 +161,7 @@ def oracle(cfg, ref, seqs) -> list[dict]:
     """Per sequence, from the reference with its stored KV rounded to bf16: fp32 logits [L, V], the streams
     after each layer [L, n, H], the routed expert ids per MoE layer (sorted), per layer the margin of its
     discrete choices (`_OracleSpy`; inf where nothing is chosen)."""
-    import server_harness as sh
+    from tests.serving import server_harness as sh
 
     out = []
     for ids in seqs:
@@ -233,7 +230,7 @@ def emulated_oracle(cfg, ref, seqs, tf: str | None, fp16: bool) -> list[dict]:
 
 # --------------------------------------------------------------------------------------------- model (device)
 def build_model(cfg, ref, device: str):
-    import twin_harness as th
+    from tests.serving import twin_harness as th
 
     th.init_dist()
     model = th.build_model(cfg, dtype=torch.float32)
@@ -255,9 +252,8 @@ class Experts:
     rounding (`f32out`) and an fp32 torch twin (`twin`)."""
 
     def __init__(self, model):
-        import twin_harness as th
-
         from sglang_ernie55.layers.moe import Ernie55LatentMoE
+        from tests.serving import twin_harness as th
 
         self.mods = [m.experts for m in model.modules() if isinstance(m, Ernie55LatentMoE)]
         # static_experts sets `.forward` on each FusedMoE; keep those closures, then take them off again
@@ -334,7 +330,7 @@ def run_variant(model, cfg, seqs, device: str) -> list[dict]:
     """Per sequence (a fresh pool at bf16 KV, attention on the backend's torch path): one prefill of all but
     the last DECODE tokens, then DECODE decode steps. Returns the logits [L, V], the streams per layer and the
     routed ids per MoE layer (sorted), on the host."""
-    import twin_harness as th
+    from tests.serving import twin_harness as th
 
     res = []
     for ids in seqs:
@@ -415,7 +411,7 @@ class _GraphDecode:
 def run_graph_variant(model, cfg, seqs, device: str) -> list[dict]:
     """Per sequence: the same prefill, then the last DECODE tokens decoded eagerly (one session) and through a
     captured decode graph (a second session from the same start). Logits of the decoded positions, host."""
-    import twin_harness as th
+    from tests.serving import twin_harness as th
 
     res = []
     for ids in seqs:

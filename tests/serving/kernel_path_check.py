@@ -1,6 +1,6 @@
 """The `ernie55` backend's kernel path against its torch twin on the same pool, inside the backend.
 
-Run as a script (`python kernel_path_check.py {backend,model} KV [DEVICE [GEOMETRY [IMPLS]]]`, prints one
+Run from the repository root (`python -m tests.serving.kernel_path_check {backend,model} KV [DEVICE [GEOMETRY [IMPLS]]]`, prints one
 JSON line; the CPU tests run it with TRITON_INTERPRET=1 in a subprocess) or import `run_backend` /
 `run_model` (the GPU tests).
 
@@ -22,13 +22,11 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-import twin_harness as th  # noqa: E402
+from tests.serving import twin_harness as th
 
 PAGE = 256
 
@@ -49,7 +47,7 @@ def geometry_config(geometry: str):
         return Ernie55Config(vocab_size=512, num_hidden_layers=2, layer_types=["hca", "mla_dsa"],
                              first_k_dense_replace=2, intermediate_size=256, bos_token_id=1, eos_token_id=2)  # fmt: skip
     if geometry in MATRIX_LAYERS:
-        from geometries import BY_NAME
+        from tests.serving.geometries import BY_NAME
 
         kinds = MATRIX_LAYERS[geometry]
         over = dict(BY_NAME[geometry].overrides, num_hidden_layers=len(kinds), layer_types=kinds)

@@ -1,7 +1,7 @@
 """The model's per-layer compute on the Triton kernels vs the torch math (SGLANG_ERNIE55_LAYER_IMPL), tiny
 config, fp32 weights.
 
-Run as a script (`python layer_impl_check.py {pieces,model,graph} [DEVICE [GEOMETRY]]`, prints one JSON line;
+Run from the repository root (`python -m tests.serving.layer_impl_check {pieces,model,graph} [DEVICE [GEOMETRY]]`, prints one JSON line;
 the CPU tests run it with TRITON_INTERPRET=1 in a subprocess, so that the variable is set before Triton
 decorates the kernels) or import `run_pieces` / `run_model` / `run_graph` (the GPU tests).
 
@@ -38,13 +38,11 @@ from __future__ import annotations
 import json
 import os
 import sys
-from pathlib import Path
 
 import torch
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).parent))
-import twin_harness as th  # noqa: E402
+from tests.serving import twin_harness as th
 
 VAR = "SGLANG_ERNIE55_LAYER_IMPL"
 TS = (0, 1, 3, 19, 130)

@@ -23,15 +23,10 @@ deterministic but wrong path would score ~0). Results: $SERVING_LOG_DIR/determin
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "echo"))
-import echo_checks  # noqa: E402
-import server_harness as sh  # noqa: E402
+from tests.echo import echo_checks
+from tests.serving import server_harness as sh
 
 pytestmark = [pytest.mark.gpu]
 

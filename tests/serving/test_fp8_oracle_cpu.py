@@ -8,18 +8,13 @@ checked on CPU against what it stands for:
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-import server_harness as sh  # noqa: E402
-import twin_harness as th  # noqa: E402
-
 from sglang_ernie55.configuration import tiny_config  # noqa: E402
 from sglang_ernie55.reference.model import build_reference  # noqa: E402
+from tests.serving import server_harness as sh
+from tests.serving import twin_harness as th
 
 
 @pytest.fixture(scope="module")

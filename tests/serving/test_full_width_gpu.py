@@ -13,17 +13,14 @@ expected compute (its log) and that the measurements are real (every request pro
 from __future__ import annotations
 
 import json
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
 import requests
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-import server_harness as sh  # noqa: E402
+from tests.serving import server_harness as sh
 
 pytestmark = [pytest.mark.gpu, pytest.mark.h200, pytest.mark.slow]
 

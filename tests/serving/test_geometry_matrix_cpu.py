@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import os
 import re
-import sys
 import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor
@@ -44,9 +43,8 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-import geometries as G  # noqa: E402
-import server_harness as sh  # noqa: E402
+from tests.serving import geometries as G
+from tests.serving import server_harness as sh
 
 pytestmark = [pytest.mark.slow]
 

@@ -32,18 +32,15 @@ from __future__ import annotations
 
 import os
 import re
-import sys
 import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-import geometries as G  # noqa: E402
-import server_harness as sh  # noqa: E402
+from tests.serving import geometries as G
+from tests.serving import server_harness as sh
 
 pytestmark = [
     pytest.mark.gpu,

@@ -7,19 +7,15 @@ pool's window translation, the indexer's query chunks stay inside their logits b
 from __future__ import annotations
 
 import random
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-import twin_harness as th  # noqa: E402
-from geometries import BY_NAME, VARIANTS  # noqa: E402
-
 from sglang_ernie55.attention import kernel_path as kp  # noqa: E402
 from sglang_ernie55.configuration import tiny_config  # noqa: E402
+from tests.serving import twin_harness as th
+from tests.serving.geometries import BY_NAME, VARIANTS
 
 PAGE = 256
 

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-CHECK = Path(__file__).with_name("kernel_path_check.py")
+ROOT = Path(__file__).resolve().parents[2]  # the repository root: the check runs as a module of `tests`
+CHECK = ["-m", "tests.serving.kernel_path_check"]
 
 
 def _run(*args: str) -> dict:
@@ -22,7 +23,7 @@ def _run(*args: str) -> dict:
     # the check opens its own world-1 group: not on the port this test process may already hold
     for k in ("SGLANG_ERNIE55_ATTN_IMPL", "MASTER_PORT", "MASTER_ADDR", "RANK", "WORLD_SIZE", "LOCAL_RANK"):
         env.pop(k, None)
-    r = subprocess.run([sys.executable, str(CHECK), *args], env=env, capture_output=True, text=True, timeout=1200)
+    r = subprocess.run([sys.executable, *CHECK, *args], env=env, capture_output=True, text=True, timeout=1200, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-4000:]
     return json.loads(r.stdout.strip().splitlines()[-1])
 

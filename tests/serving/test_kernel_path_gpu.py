@@ -10,13 +10,10 @@ One command (about 2-3 minutes on an H200, FlashMLA staged as scripts/gpu-suite.
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-import kernel_path_check as kpc  # noqa: E402
+from tests.serving import kernel_path_check as kpc
 
 pytestmark = [pytest.mark.gpu]
 

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-import twin_harness as th  # noqa: E402
+from tests.serving import twin_harness as th
 
-CHECK = Path(__file__).with_name("layer_impl_check.py")
+ROOT = Path(__file__).resolve().parents[2]  # the repository root: the check runs as a module of `tests`
+CHECK = ["-m", "tests.serving.layer_impl_check"]
 VAR = "SGLANG_ERNIE55_LAYER_IMPL"
 
 
@@ -35,7 +35,7 @@ def run_check(*args: str) -> dict:
     ):
         env.pop(k, None)
     r = subprocess.run(
-        [sys.executable, str(CHECK), *args], env=env, capture_output=True, text=True, timeout=1200
+        [sys.executable, *CHECK, *args], env=env, capture_output=True, text=True, timeout=1200, cwd=ROOT
     )
     assert r.returncode == 0, r.stderr[-4000:]
     return json.loads(r.stdout.strip().splitlines()[-1])
@@ -118,11 +118,11 @@ def test_forced_kernels_load_on_cpu_then_move(monkeypatch):
     later, as tests/serving/test_layer_impl_gpu.py does) loads; the post-load router matrix is built, the
     routers are its fp32 views, and the values are the checkpoint's (the H200 run of 2026-12-03 refused the
     CPU load)."""
-    import layer_impl_check as lc
     import torch
 
     from sglang_ernie55.layers.moe import Ernie55LatentMoE
     from sglang_ernie55.reference.model import build_reference
+    from tests.serving import layer_impl_check as lc
 
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     monkeypatch.setenv("SGLANG_ERNIE55_LAYER_IMPL", "triton")
@@ -149,9 +149,9 @@ def test_geometry_diag_runs_on_cpu():
     env = dict(os.environ)
     for k in (VAR, "TRITON_INTERPRET", "MASTER_PORT", "MASTER_ADDR", "RANK", "WORLD_SIZE", "LOCAL_RANK"):
         env.pop(k, None)
-    diag = Path(__file__).with_name("geometry_diag.py")
-    cmd = [sys.executable, str(diag), "--device", "cpu", "--geometries", "user", "--lengths", "150,300"]
-    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1200)
+    cmd = [sys.executable, "-m", "tests.serving.geometry_diag", "--device", "cpu", "--geometries", "user",
+           "--lengths", "150,300"]  # fmt: skip
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1200, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-4000:]
     line = next(x for x in r.stdout.splitlines() if x.startswith("GEOMETRY_DIAG_JSON "))
     g = json.loads(line.split(" ", 1)[1])["workers"]["default"]["geometries"]["user"]["variants"]

@@ -7,13 +7,10 @@ eager exactly, with the replay time of each compute printed (the work outside at
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-import layer_impl_check as lc  # noqa: E402
+from tests.serving import layer_impl_check as lc
 
 pytestmark = pytest.mark.gpu
 

@@ -4,16 +4,12 @@ torch-twin backend + pool against the reference model (chunked prefill, decode, 
 from __future__ import annotations
 
 import glob
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-import twin_harness as th  # noqa: E402
-
 from sglang_ernie55.configuration import ARCH_MAIN, tiny_config  # noqa: E402
+from tests.serving import twin_harness as th
 
 
 @pytest.fixture(scope="module")
@@ -182,7 +178,7 @@ def test_twin_bf16_model_tracks_reference(cfg, ref, model_bf16, kv):
     are rounded as the pool stores them (server_harness.kv_rounded_reference: the fp8 byte layouts for
     fp8; against the unrounded reference, fp8 KV alone flips DSA top-k / routing near-ties and top-1 fell
     to 0.84 here), top-1 and cosine."""
-    import server_harness as sh
+    from tests.serving import server_harness as sh
 
     a = _prompt(cfg, 290, 5)
     s = th.Session(model_bf16, cfg, kv)

@@ -4,14 +4,11 @@ addressing over SGLang's own SWATokenToKVPoolAllocator, and the stored rows of `
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
-from sglang_ernie55.kernels.layout import hca_geometry, idx_geometry, mla_geometry
 
 from sglang_ernie55.configuration import Ernie55Config, tiny_config
+from sglang_ernie55.kernels.layout import hca_geometry, idx_geometry, mla_geometry
 from sglang_ernie55.mem_cache.pool import Ernie55TokenToKVPool, PackedRows
 from sglang_ernie55.mem_cache.sizing import (
     Buffer,
@@ -20,10 +17,9 @@ from sglang_ernie55.mem_cache.sizing import (
     normalize_kv_dtype,
     swa_tokens_for,
 )
+from tests.serving import sizing_harness as sh
 
 PAGE = 256
-sys.path.insert(0, str(Path(__file__).parent))
-import sizing_harness as sh  # noqa: E402
 
 
 def test_full_size_bytes_per_token():
@@ -72,7 +68,7 @@ def test_pool_allocation_matches_sizing(kv, swa_pages, blocks):
 def test_speculative_sizing_reserves_the_draft_and_the_second_state_block():
     """Under EAGLE (ECHO) each SWA token also holds the draft pool's row (the full model: the V4 window
     layout, 585 B/token in fp8), and the fixed state per request slot doubles (the two-block ring)."""
-    from sglang_ernie55.speculative.pool import echo_bytes_per_token
+    from sglang_ernie55.mem_cache.draft_pool import echo_bytes_per_token
 
     full = Ernie55Config()
     plain, spec = kv_bytes(full, "fp8_e4m3"), kv_bytes(full, "fp8_e4m3", echo=True, state_blocks=2)
@@ -350,7 +346,7 @@ def test_sglang_builds_swa_allocator_and_registers_the_mapping_with_both_pools(e
     from sglang.srt.runtime_context import create_context, use_context
 
     from sglang_ernie55.configuration import ARCH_ECHO
-    from sglang_ernie55.speculative.pool import EchoDraftKVPool
+    from sglang_ernie55.mem_cache.draft_pool import EchoDraftKVPool
 
     mc, conf, sizes, _, sa, _ = _sizes_through_sglang(ernie_ckpt)
     full, swa = sizes.max_total_num_tokens, sizes.swa_max_total_num_tokens

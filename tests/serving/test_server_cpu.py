@@ -7,14 +7,11 @@ aborted mid-decode."""
 from __future__ import annotations
 
 import re
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-import server_harness as sh  # noqa: E402
+from tests.serving import server_harness as sh
 
 FULL_TOKENS, SWA_RATIO = 8192, 0.125  # SWA pool 1024 tokens (4 pages): shorter than the longest request
 

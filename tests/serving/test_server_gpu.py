@@ -46,15 +46,12 @@ evicted prefixes run under CUDA graphs.
 
 from __future__ import annotations
 
-import sys
 from contextlib import ExitStack
-from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-import server_harness as sh  # noqa: E402
+from tests.serving import server_harness as sh
 
 pytestmark = [pytest.mark.gpu]
 

@@ -15,13 +15,11 @@ not covered here; attention DP / CP are not implemented (docs/serving-design.md)
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-import server_harness as sh  # noqa: E402
+from tests.serving import server_harness as sh
 
 SHIM = Path(__file__).parent / "cpu_tp_shim"
 

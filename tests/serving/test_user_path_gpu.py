@@ -13,16 +13,14 @@
 from __future__ import annotations
 
 import re
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-import geometries as geo  # noqa: E402
-import server_harness as sh  # noqa: E402
-import sizing_harness as szh  # noqa: E402
+from tests.serving import geometries as geo
+from tests.serving import server_harness as sh
+from tests.serving import sizing_harness as szh
 
 pytestmark = [pytest.mark.gpu]
 GiB = 1 << 30

@@ -21,8 +21,8 @@ from __future__ import annotations
 import torch
 from sglang.srt.mem_cache.memory_pool import KVCache
 
-from ..mem_cache.pool import OwnRowsKVSurface, SWAWindowAddressing, is_fp8, rows_of
-from ..mem_cache.sizing import PoolLayout
+from .pool import OwnRowsKVSurface, SWAWindowAddressing, is_fp8, rows_of
+from .sizing import PoolLayout
 
 
 def echo_bytes_per_token(config, kv_dtype: torch.dtype, page_size: int = 256) -> float:

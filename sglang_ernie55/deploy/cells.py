@@ -1,4 +1,4 @@
-"""Hardware cells: the declarative launch recipes in `configs/cells/*.toml` (package data
+"""Hardware cells: the declarative launch recipes in `sglang_ernie55/cells/*.toml` (package data
 `sglang_ernie55.cells`), the GPU table they refer to, and the command lines they turn into.
 
 A cell is one (hardware, precision, strategy) triple with its node layout, the `sglang serve` flags
@@ -249,7 +249,7 @@ def _parse(name: str, text: str) -> Cell:
 
 def cell_files() -> dict[str, str]:
     """{cell name: TOML text} of every shipped cell."""
-    root = importlib.resources.files("sglang_ernie55.cells").joinpath("cells")
+    root = importlib.resources.files("sglang_ernie55.cells")
     return {
         p.name.removesuffix(".toml"): p.read_text(encoding="utf-8")
         for p in sorted(root.iterdir(), key=lambda p: p.name)

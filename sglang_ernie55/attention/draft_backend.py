@@ -38,10 +38,10 @@ import logging
 import torch
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 
-from ..attention import BACKEND_NAME
-from ..attention.torch_path import masked_sink_attention
 from ..configuration import LAYER_HCA
-from .pool import EchoDraftKVPool
+from ..mem_cache.draft_pool import EchoDraftKVPool
+from . import BACKEND_NAME
+from .torch_path import masked_sink_attention
 
 logger = logging.getLogger(__name__)
 
