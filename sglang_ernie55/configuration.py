@@ -254,53 +254,13 @@ class Ernie55Config(PretrainedConfig):
 
     # ------------------------------------------------------------------ parameter arithmetic
     def parameter_counts(self) -> dict[str, int]:
-        """Exact parameter counts from the config alone (weights of every tensor; FP8 scales excluded).
+        """Exact parameter counts from the config alone: total, active per token (top-k routed experts +
+        shared + everything dense, lm_head and embedding included) and the ECHO extra. Summed over the
+        checkpoint's tensor list (`checkpoint.spec.parameter_counts`), so the arithmetic and the tensors a
+        checkpoint holds are one fact."""
+        from .checkpoint.spec import parameter_counts
 
-        Returns total, active (per token: top-k routed experts + shared + everything dense, lm_head and
-        embedding included), and the ECHO extra.
-        """
-        H, V, n = self.hidden_size, self.vocab_size, self.hc_mult
-        heads = self.num_attention_heads
-        hc_site = (2 + n) * n * n * H + (2 + n) * n + 3
-        norms = 2 * H
-        hca = (
-            H * self.q_lora_rank + self.q_lora_rank + self.q_lora_rank * heads * self.head_dim  # wq_a, q_norm, wq_b
-            + H * self.head_dim + self.head_dim  # wkv, kv_norm
-            + self.o_groups * self.o_lora_rank * (heads // self.o_groups) * self.head_dim  # wo_a
-            + self.o_groups * self.o_lora_rank * H  # wo_b
-            + heads  # attn_sink
-            + H * 2 * self.head_dim + self.compress_ratio * self.head_dim + self.head_dim  # compressor
-        )  # fmt: skip
-        mla = (
-            H * self.q_lora_rank + self.q_lora_rank + self.q_lora_rank * heads * self.qk_head_dim
-            + H * (self.kv_lora_rank + self.qk_rope_head_dim) + self.kv_lora_rank
-            + self.kv_lora_rank * heads * (self.qk_nope_head_dim + self.v_head_dim)
-            + heads * self.v_head_dim * H
-            + self.q_lora_rank * self.index_n_heads * self.index_head_dim  # indexer.wq_b
-            + H * self.index_head_dim + 2 * self.index_head_dim  # indexer.wk + k_norm (LayerNorm w, b)
-            + H * self.index_n_heads  # weights_proj
-        )  # fmt: skip
-        dense_ffn = 3 * H * self.intermediate_size
-        expert = 3 * self.moe_latent_size * self.moe_intermediate_size
-        moe_fixed = (
-            self.num_routers * self.n_routed_experts * H + self.n_routed_experts  # routers + bias
-            + 2 * H * self.moe_latent_size  # latent_down, latent_up
-            + self.n_shared_experts * 3 * H * self.shared_expert_intermediate_size
-        )  # fmt: skip
-        total = active = 0
-        for i, kind in enumerate(self.layer_types):
-            layer = 2 * hc_site + norms + (hca if kind == LAYER_HCA else mla)
-            total += layer
-            active += layer
-            if self.is_moe_layer(i):
-                total += moe_fixed + self.n_routed_experts * expert
-                active += moe_fixed + self.num_experts_per_tok * expert
-            else:
-                total += dense_ffn
-                active += dense_ffn
-        edges = V * H + V * H + H + n * n * H + n + 1  # embed, lm_head, norm, hc_head
-        echo = (2 * H + 2 * H * H + H) * self.num_nextn_predict_layers  # enorm, hnorm, e_proj, h_proj, norm
-        return {"total": total + edges + echo, "active": active + edges, "echo": echo}
+        return parameter_counts(self)
 
     # ------------------------------------------------------------------ checkpoint form
     SCHEMA_FIELDS = (

@@ -3,7 +3,9 @@
 `expected_tensors(config)` is the logical spec: every tensor name with its shape and its kind. It is
 the strict loader's contract and must equal the reference model's `state_dict()` names and shapes.
 `stored_tensors(config, fmt)` is what a checkpoint of format `bf16` or `fp8` holds on disk, FP8
-block scales included.
+block scales included. Every other count of the checkpoint derives from this list: the parameter
+arithmetic (`parameter_counts`, behind `Ernie55Config.parameter_counts()`), the memory planner's
+weight bytes (`deploy/memory.py`), the strict loaders of both SGLang model classes.
 
 Kinds:
 - `fp32`:   raw parameters stored in fp32 in every format (`*_hc.{fn,base,scale}`, `attn_sink`,
@@ -16,11 +18,12 @@ Kinds:
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
-from ..configuration import LAYER_HCA, Ernie55Config
+if TYPE_CHECKING:  # configuration.py derives its parameter counts from this module
+    from ..configuration import Ernie55Config
 
 KIND_FP32 = "fp32"
 KIND_BF16 = "bf16"
@@ -128,15 +131,16 @@ def expected_tensors(config: Ernie55Config) -> dict[str, TensorSpec]:
         linear(f"{prefix}.up_proj", inner, width)
         linear(f"{prefix}.down_proj", width, inner)
 
+    hca = set(c.hca_layer_ids)
     linear("model.embed_tokens", V, H)
-    for i, kind in enumerate(c.layer_types):
+    for i in range(c.num_hidden_layers):
         p = f"model.layers.{i}"
         hc_site(f"{p}.attn_hc", (2 + n) * n, 3)
         hc_site(f"{p}.ffn_hc", (2 + n) * n, 3)
         norm(f"{p}.input_layernorm", H)
         norm(f"{p}.post_attention_layernorm", H)
         a = f"{p}.self_attn"
-        if kind == LAYER_HCA:
+        if i in hca:
             linear(f"{a}.wq_a", c.q_lora_rank, H)
             norm(f"{a}.q_norm", c.q_lora_rank)
             linear(f"{a}.wq_b", heads * c.head_dim, c.q_lora_rank)
@@ -183,6 +187,28 @@ def expected_tensors(config: Ernie55Config) -> dict[str, TensorSpec]:
         linear("echo.h_proj", H, H)
         norm("echo.norm", H)
     return out
+
+
+ROUTED_EXPERT = ".mlp.experts."
+
+
+def parameter_counts(config: Ernie55Config) -> dict[str, int]:
+    """Exact parameter counts of `expected_tensors(config)` (FP8 scales excluded).
+
+    `total`: every tensor. `echo`: the ECHO layer's own tensors (`echo.*`). `active`: what one token
+    runs through, i.e. everything but `echo.*`, with each MoE layer's routed experts counted at
+    `num_experts_per_tok` of `n_routed_experts` (the experts of a layer are equal in size).
+    """
+    total = echo = routed = 0
+    for name, spec in expected_tensors(config).items():
+        size = math.prod(spec.shape)
+        total += size
+        if name.startswith("echo."):
+            echo += size
+        elif ROUTED_EXPERT in name:
+            routed += size
+    active_routed = routed // config.n_routed_experts * config.num_experts_per_tok
+    return {"total": total, "active": total - echo - routed + active_routed, "echo": echo}
 
 
 def scale_shape(shape: tuple[int, ...], block: int = FP8_BLOCK) -> tuple[int, int]:

@@ -5,10 +5,10 @@ The budget of one GPU (every number in 10^9-byte GB, GPU memory as the vendor st
 
     HBM = weights (this GPU's share) + runtime reserve + prefill scratch + request state + KV pool
 
-- weights: every tensor of the checkpoint, counted from the config (the sum is checked against
-  `Ernie55Config.parameter_counts()["total"]`). FP8 checkpoint: every large Linear 1 byte/param plus
-  one fp32 scale per 128x128 block; embeddings, lm_head, norms, routers, weights_proj BF16; mHC
-  params, biases, `ape`, `attn_sink` FP32. BF16 checkpoint: the same with Linears at 2 bytes. Sharding
+- weights: every tensor of the checkpoint's list (`checkpoint.spec.expected_tensors`), at the bytes
+  its kind takes on disk. FP8 checkpoint: every large Linear 1 byte/param plus one fp32 scale per
+  128x128 block; embeddings, lm_head, norms, routers, weights_proj BF16; mHC params, biases, `ape`,
+  `attn_sink` FP32. BF16 checkpoint: the same with Linears at 2 bytes. Sharding
   as SGLang does it: attention modules over the attention-TP group (tp / attn-dp / attn-cp), FFN
   (dense, routed and shared experts, latent projections) over all `tp` ranks (EP or TP, same bytes),
   embedding over the attention-TP group (replicated under attention DP), lm_head over `tp` (attention
@@ -40,9 +40,11 @@ not failed: SGLang queues and retracts instead.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from typing import Any
 
+from ..checkpoint.spec import KIND_BF16, KIND_FP32, expected_tensors, scale_shape
 from .cells import GPUS, Cell, Gpu
 
 GB = 1e9
@@ -51,7 +53,6 @@ KV_SHARE_MIN = 0.25
 SWA_FULL_TOKENS_RATIO = 0.1  # the model's default `--swa-full-tokens-ratio`
 DEFAULT_CONTEXT = 131072  # training context; the cells' default
 DEFAULT_CHUNKED_PREFILL = 8192
-FP8_BLOCK = 128
 # Layout of the minimum-GPU table: attention TP may not exceed the 8 HCA output groups, so counts
 # beyond 8 add attention-DP ranks (tp 16 -> attention DP 2, attention TP 8).
 CANDIDATE_GPU_COUNTS = (1, 2, 4, 8, 16, 32)
@@ -60,106 +61,63 @@ CANDIDATE_GPU_COUNTS = (1, 2, 4, 8, 16, 32)
 # ------------------------------------------------------------------------------------------ weights
 @dataclasses.dataclass(frozen=True)
 class Tensor:
+    """One checkpoint tensor as the planner sees it: its sharding group and its spec entry."""
+
+    name: str
     group: str  # attention | ffn | router | embedding | lm_head | replicated | echo
-    params: int
-    kind: str  # "linear" (FP8 in the FP8 checkpoint) | "bf16" | "fp32"
-    shape: tuple[int, int] | None = None  # [out, in] of a Linear, for its block scales
+    shape: tuple[int, ...]
+    kind: str  # checkpoint.spec kind: fp32 | bf16 | fp8 (an FP8 Linear in the FP8 checkpoint)
+
+    @property
+    def params(self) -> int:
+        return math.prod(self.shape)
+
+
+def sharding_group(name: str) -> str:
+    """How SGLang shards a checkpoint tensor, from its name (see the module docstring)."""
+    if name.startswith("echo."):
+        return "echo"
+    if name.startswith("model.embed_tokens."):
+        return "embedding"
+    if name.startswith("lm_head."):
+        return "lm_head"
+    if ".self_attn." in name:
+        return "attention"
+    if ".mlp.routers." in name or name.endswith(".mlp.e_score_correction_bias"):
+        return "router"
+    if ".mlp." in name:  # dense FFN, latent projections, routed and shared experts
+        return "ffn"
+    return "replicated"  # mHC sites, the layers' norms, model.norm, hc_head
 
 
 def checkpoint_tensors(cfg) -> list[Tensor]:
-    """Every tensor of the checkpoint as (sharding group, params, dtype class), from the config."""
-    H, V, n = cfg.hidden_size, cfg.vocab_size, cfg.hc_mult
-    heads, ql = cfg.num_attention_heads, cfg.q_lora_rank
-    out: list[Tensor] = []
-
-    def lin(group: str, o: int, i: int) -> None:
-        out.append(Tensor(group, o * i, "linear", (o, i)))
-
-    def vec(group: str, count: int, kind: str = "bf16") -> None:
-        out.append(Tensor(group, count, kind))
-
-    for i, kind in enumerate(cfg.layer_types):
-        for _site in range(2):  # attn_hc, ffn_hc
-            vec("replicated", (2 + n) * n * n * H + (2 + n) * n + 3, "fp32")
-        vec("replicated", 2 * H)  # input / post-attention RMSNorm
-        if kind == "hca":
-            hd = cfg.head_dim
-            lin("attention", ql, H)  # wq_a
-            vec("attention", ql)  # q_norm
-            lin("attention", heads * hd, ql)  # wq_b
-            lin("attention", hd, H)  # wkv
-            vec("attention", hd)  # kv_norm
-            lin("attention", cfg.o_groups * cfg.o_lora_rank, heads // cfg.o_groups * hd)  # wo_a
-            lin("attention", H, cfg.o_groups * cfg.o_lora_rank)  # wo_b
-            vec("attention", heads, "fp32")  # attn_sink
-            lin("attention", 2 * hd, H)  # compressor.wkv_gate
-            vec("attention", cfg.compress_ratio * hd, "fp32")  # compressor.ape
-            vec("attention", hd)  # compressor.norm
-        else:
-            lin("attention", ql, H)  # q_a_proj
-            vec("attention", ql)  # q_a_layernorm
-            lin("attention", heads * cfg.qk_head_dim, ql)  # q_b_proj
-            lin("attention", cfg.kv_lora_rank + cfg.qk_rope_head_dim, H)  # kv_a_proj_with_mqa
-            vec("attention", cfg.kv_lora_rank)  # kv_a_layernorm
-            lin("attention", heads * (cfg.qk_nope_head_dim + cfg.v_head_dim), cfg.kv_lora_rank)  # kv_b_proj
-            lin("attention", H, heads * cfg.v_head_dim)  # o_proj
-            lin("attention", cfg.index_n_heads * cfg.index_head_dim, ql)  # indexer.wq_b
-            lin("attention", cfg.index_head_dim, H)  # indexer.wk
-            vec("attention", 2 * cfg.index_head_dim)  # indexer.k_norm (LayerNorm weight, bias)
-            vec("attention", cfg.index_n_heads * H)  # indexer.weights_proj
-        if cfg.is_moe_layer(i):
-            vec("router", cfg.num_routers * cfg.n_routed_experts * H)  # mlp.routers.{r}
-            vec("router", cfg.n_routed_experts, "fp32")  # e_score_correction_bias
-            lin("ffn", cfg.moe_latent_size, H)  # latent_down
-            lin("ffn", H, cfg.moe_latent_size)  # latent_up
-            for _s in range(cfg.n_shared_experts):
-                lin("ffn", cfg.shared_expert_intermediate_size, H)  # gate
-                lin("ffn", cfg.shared_expert_intermediate_size, H)  # up
-                lin("ffn", H, cfg.shared_expert_intermediate_size)  # down
-            li, mi = cfg.moe_latent_size, cfg.moe_intermediate_size
-            expert = Tensor("ffn", 3 * li * mi, "linear", (mi, li))  # gate, up [mi, li]; down [li, mi]
-            out.append(dataclasses.replace(expert, params=expert.params * cfg.n_routed_experts))
-        else:
-            for o, i_ in ((cfg.intermediate_size, H), (cfg.intermediate_size, H), (H, cfg.intermediate_size)):
-                lin("ffn", o, i_)
-    vec("embedding", V * H)
-    vec("lm_head", V * H)
-    vec("replicated", H)  # model.norm
-    vec("replicated", n * n * H + n + 1, "fp32")  # hc_head
-    for _e in range(cfg.num_nextn_predict_layers):
-        vec("echo", 2 * H)  # enorm, hnorm
-        lin("echo", H, H)  # e_proj
-        lin("echo", H, H)  # h_proj
-        vec("echo", H)  # norm
-    return out
+    """Every tensor of the checkpoint (`checkpoint.spec.expected_tensors`) with its sharding group."""
+    return [Tensor(n, sharding_group(n), s.shape, s.kind) for n, s in expected_tensors(cfg).items()]
 
 
-def _tensor_bytes(t: Tensor, precision: str, cfg) -> float:
-    if t.kind == "fp32":
+def _tensor_bytes(t: Tensor, precision: str) -> float:
+    if t.kind == KIND_FP32:
         return 4.0 * t.params
-    if t.kind == "bf16" or precision == "bf16":
+    if t.kind == KIND_BF16 or precision == "bf16":
         return 2.0 * t.params
-    # FP8 Linear: 1 byte per weight + fp32 per 128x128 block (ragged edge blocks count whole); a stacked
-    # tensor (the routed experts) holds params / (out * in) matrices of the shape.
-    o, i = t.shape
-    blocks = math.ceil(o / FP8_BLOCK) * math.ceil(i / FP8_BLOCK) * (t.params // (o * i))
-    return t.params + 4.0 * blocks
+    # FP8 Linear: 1 byte per weight + one fp32 scale per 128x128 block (ragged edge blocks count whole)
+    return t.params + 4.0 * math.prod(scale_shape(t.shape))
+
+
+# The full model's list has 65k tensors (64,512 routed-expert matrices); a GPU-count search plans the same
+# config dozens of times, so its bytes per group are summed once per config.json and precision.
+_GROUP_BYTES: dict[tuple[str, str], dict[str, float]] = {}
 
 
 def weight_bytes_by_group(cfg, precision: str) -> dict[str, float]:
-    """Checkpoint bytes per sharding group; raises if the tensor list disagrees with parameter_counts()."""
-    tensors = checkpoint_tensors(cfg)
-    total = sum(t.params for t in tensors)
-    expected = cfg.parameter_counts()["total"]
-    if total != expected:
-        raise AssertionError(
-            f"planner counts {total} parameters, Ernie55Config.parameter_counts() says {expected}: "
-            "checkpoint_tensors() is out of date with the config"
-        )
-    groups: dict[str, float] = {}
-    for t in tensors:
-        groups[t.group] = groups.get(t.group, 0.0) + _tensor_bytes(t, precision, cfg)
-    return groups
+    """Checkpoint bytes per sharding group."""
+    key = (json.dumps(cfg.to_config_json(), sort_keys=True, default=str), precision)
+    if key not in _GROUP_BYTES:
+        groups: dict[str, float] = {}
+        for t in checkpoint_tensors(cfg):
+            groups[t.group] = groups.get(t.group, 0.0) + _tensor_bytes(t, precision)
+        _GROUP_BYTES[key] = groups
+    return dict(_GROUP_BYTES[key])
 
 
 def checkpoint_bytes(cfg, precision: str) -> float:
@@ -255,7 +213,12 @@ def kv_bytes_per_token(cfg, kv_cache_dtype: str) -> dict[str, float]:
     from ..mem_cache.sizing import kv_bytes
 
     b = kv_bytes(cfg, kv_cache_dtype)
-    return {"mla": b.latent_row, "indexer": b.index_row, "hca_window": b.window_row, "hca_compressed": b.cmp_row}
+    return {
+        "mla": b.latent_row,
+        "indexer": b.index_row,
+        "hca_window": b.window_row,
+        "hca_compressed": b.cmp_row,
+    }
 
 
 def pool_bytes_per_token(

@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from sglang_ernie55.checkpoint.spec import KIND_FP8, expected_tensors
 from sglang_ernie55.configuration import Ernie55Config, tiny_config
 from sglang_ernie55.deploy import memory as M
 from sglang_ernie55.deploy.cells import GPUS
@@ -41,7 +42,7 @@ def test_weights_come_from_the_config():
     fp8, bf16 = M.checkpoint_bytes(FULL, "fp8"), M.checkpoint_bytes(FULL, "bf16")
     assert 270e9 < fp8 < 290e9 and 540e9 < bf16 < 580e9  # "FP8 ~280 GB, BF16 ~560 GB"
     # every FP8 Linear weighs 1 byte plus one fp32 scale per 128x128 block
-    linear = sum(t.params for t in M.checkpoint_tensors(FULL) if t.kind == "linear")
+    linear = sum(t.params for t in M.checkpoint_tensors(FULL) if t.kind == KIND_FP8)
     scales = linear - (bf16 - fp8)  # BF16 adds one byte per Linear weight and drops the scales
     assert linear * 4 / 128**2 <= scales <= linear * 4 / 128**2 * 1.05
     assert fp8 > linear  # scales and BF16/FP32 tensors on top of the FP8 bytes
@@ -50,10 +51,36 @@ def test_weights_come_from_the_config():
     assert M.checkpoint_bytes(small, "fp8") < fp8 / 1.5
 
 
-def test_checkpoint_tensors_out_of_date_is_loud(monkeypatch):
-    monkeypatch.setattr(Ernie55Config, "parameter_counts", lambda self: {"total": 1, "active": 1, "echo": 0})
-    with pytest.raises(AssertionError, match="out of date"):
-        M.weight_bytes_by_group(FULL, "fp8")
+def test_planner_tensors_are_the_checkpoint_spec():
+    """The planner weighs the checkpoint's one tensor list, each tensor in the group SGLang shards it by."""
+    cfg = tiny_config()
+    tensors = M.checkpoint_tensors(cfg)
+    assert [(t.name, t.shape, t.kind) for t in tensors] == [
+        (name, s.shape, s.kind) for name, s in expected_tensors(cfg).items()
+    ]
+    group = {t.name: t.group for t in tensors}
+    want = {
+        "replicated": [
+            "model.layers.0.attn_hc.fn",
+            "model.layers.1.input_layernorm.weight",
+            "model.hc_head.fn",
+            "model.norm.weight",
+        ],
+        "attention": ["model.layers.1.self_attn.indexer.k_norm.bias", "model.layers.2.self_attn.attn_sink"],
+        "router": ["model.layers.1.mlp.routers.1.weight", "model.layers.1.mlp.e_score_correction_bias"],
+        "ffn": [
+            "model.layers.0.mlp.down_proj.weight",
+            "model.layers.1.mlp.experts.3.up_proj.weight",
+            "model.layers.2.mlp.shared_experts.gate_proj.weight",
+            "model.layers.2.mlp.latent_up.weight",
+        ],
+        "embedding": ["model.embed_tokens.weight"],
+        "lm_head": ["lm_head.weight"],
+        "echo": ["echo.e_proj.weight", "echo.norm.weight"],
+    }
+    assert {name: group[name] for names in want.values() for name in names} == {
+        name: g for g, names in want.items() for name in names
+    }
 
 
 def test_kv_bytes_per_token():
