@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Every GPU correctness suite in ONE device command (the lent H200's time is short), as parallel pytest
+# Every GPU correctness suite in ONE command (for a GPU machine held for a short time), as parallel pytest
 # processes on the one GPU, each server given a slice of its memory (SERVING_MEM_FRACTION of what is free
 # when it starts):
 #   group_bf16 / group_fp8   tests/serving/test_server_gpu.py (real servers vs the reference)
@@ -15,7 +15,8 @@
 #                            kernels vs torch, tiny + real widths, a captured decode graph with its timings)
 #   full_width               tests/serving/test_full_width_gpu.py (only with --full-width: its timings
 #                            would be taken beside the others; run it alone for numbers)
-# Carry [".gpu", ".peers"]. Logs under $OUT; a summary last.   bash scripts/gpu-all.sh [--full-width] [names...]
+# Needs the staged `.gpu/` (and optionally `.peers/`) folders, as scripts/gpu-suite.sh. Logs under $OUT; a summary
+# last.   bash scripts/gpu-all.sh [--full-width] [names...]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 # the device returns at most 8 files from $OUT: everything is written under $out and packed at the end into

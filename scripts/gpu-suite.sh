@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# The GPU suites on the lent H200 (see ../shared/gpu/README.md). Here, once per checkout:
-#   ../shared/gpu/stage.sh
-#   bash scripts/stage-peers.sh          (optional: the FlashMLA peer, carried as .peers)
-# then as the device command, carrying [".gpu", ".peers"]:
+# The GPU suites (`-m gpu`) as one pytest run on a GPU machine whose Python environment is staged in `.gpu/`
+# (`setup.sh` prepares it, `env` is sourced: SGLang 0.5.23 and torch for a machine that has neither), with the
+# FlashMLA peer unpacked from `.peers/` when present (scripts/stage-peers.sh). Where this package is installed
+# with SGLang on a GPU machine, `python3 -m pytest -m gpu -q tests` runs the same suites without either folder.
 #   bash scripts/gpu-suite.sh [pytest args...]        (default: all `-m gpu` tests)
 # Logs go to $OUT (or ./gpu-out) and a short summary is printed last.
 set -uo pipefail

