@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from sglang_ernie55.checkpoint.fp8 import FP8_MAX, dequantize_fp8_block, quantize_fp8_block
+from sglang_ernie55.checkpoint.fp8 import FP8_MAX, Fp8Pairs, dequantize_fp8_block, quantize_fp8_block
 from sglang_ernie55.checkpoint.spec import FP8_BLOCK, FP8_DTYPE
 
 # whole blocks, ragged edges on either or both dims, single rows/cols, one element
@@ -85,3 +85,27 @@ def test_scale_shape_mismatch_is_an_error():
     q, scale = quantize_fp8_block(torch.randn(129, 257))
     with pytest.raises(ValueError, match=r"scale_inv shape \(2, 2\).*want \(2, 3\)"):
         dequantize_fp8_block(q, scale[:, :2])
+
+
+def test_pairs_dequantize_in_either_order_and_name_what_cannot_pair():
+    """Fp8Pairs (both SGLang model classes' loaders): a weight and its scale pair in either order into the
+    dequantized weight at the asked dtype; a repeated half, a scale of the wrong shape and a half whose
+    partner never comes are named."""
+    a, b = quantize_fp8_block(torch.randn(130, 200)), quantize_fp8_block(torch.randn(64, 64))
+    pairs = Fp8Pairs(lambda w: torch.bfloat16 if w.startswith("a.") else torch.float32)
+    assert Fp8Pairs.is_half("a.weight", a[0]) and Fp8Pairs.is_half("a.weight_scale_inv", a[1])
+    assert not Fp8Pairs.is_half("a.weight", torch.zeros(2, dtype=torch.bfloat16))
+    assert pairs.add("a.weight_scale_inv", a[1]) is None
+    name, w = pairs.add("a.weight", a[0])
+    assert name == "a.weight" and torch.equal(w, dequantize_fp8_block(*a, torch.bfloat16))
+    name, w = pairs.add("b.weight", b[0]) or pairs.add("b.weight_scale_inv", b[1])
+    assert name == "b.weight" and w.dtype == torch.float32 and torch.equal(w, dequantize_fp8_block(*b))
+    assert pairs.finish() == []
+    pairs.add("c.weight", a[0])
+    pairs.add("c.weight", a[0])
+    assert pairs.add("c.weight_scale_inv", b[1]) is None  # a 1x1 scale for a 130x200 weight
+    pairs.add("d.weight_scale_inv", b[1])
+    errors = pairs.finish()
+    assert errors[0] == "duplicate checkpoint tensor c.weight"
+    assert errors[1].startswith("c.weight_scale_inv: scale_inv shape (1, 1) does not match weight (130, 200)")
+    assert errors[2:] == ["FP8 weight d.weight came without its partner (weight / _scale_inv)"]

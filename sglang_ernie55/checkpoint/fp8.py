@@ -9,16 +9,20 @@ W / scale (the division, not a multiplication by a reciprocal).
 
 Error bound of one element (3 mantissa bits; subnormal spacing 2^-9 below 2^-6):
 |W - deq(q(W))| <= max(|W| * 2^-4, scale * 2^-10) (up to the fp32 rounding of W / scale).
+
+`Fp8Pairs` pairs a streamed `X.weight` with its `X.weight_scale_inv` and dequantizes the pair: what both
+SGLang model classes do for the Linears they keep unquantized.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 
-from .spec import FP8_BLOCK, FP8_DTYPE
+from .spec import FP8_BLOCK, FP8_DTYPE, SCALE_SUFFIX
 
 FP8_MAX = float(torch.finfo(FP8_DTYPE).max)  # 448.0
 
@@ -55,3 +59,54 @@ def dequantize_fp8_block(
         )
     s = scale_inv.float().repeat_interleave(block, 0)[:rows].repeat_interleave(block, 1)[:, :cols]
     return (q.float() * s.to(q.device)).to(dtype)
+
+
+class Fp8Pairs:
+    """FP8 weights of a tensor stream, paired and dequantized.
+
+    A checkpoint streams `X.weight` (float8_e4m3fn codes) and `X.weight_scale_inv` (fp32 block scales) in
+    any order, possibly in different shards. `add` keeps each half until its partner arrives, then returns
+    `(X.weight, W)` with W dequantized to `dtype_of(X.weight)`. What cannot be paired is named in `errors`:
+    a half that comes twice, a scale whose shape does not tile its weight, and (`finish`) every weight or
+    scale whose partner never came.
+    """
+
+    def __init__(self, dtype_of: Callable[[str], torch.dtype]):
+        self.dtype_of = dtype_of
+        self.errors: list[str] = []
+        self._halves: dict[str, dict[str, torch.Tensor]] = {}
+
+    @staticmethod
+    def is_half(name: str, tensor: torch.Tensor) -> bool:
+        """Whether this tensor is half of an FP8 pair: a block scale, or FP8 codes."""
+        return name.endswith(SCALE_SUFFIX) or tensor.dtype == FP8_DTYPE
+
+    @staticmethod
+    def weight_name(name: str) -> str:
+        """`X.weight` for either half."""
+        return name.removesuffix(SCALE_SUFFIX)
+
+    def add(self, name: str, tensor: torch.Tensor) -> tuple[str, torch.Tensor] | None:
+        """Keep one half; once both halves of `X.weight` are here, (X.weight, W dequantized), else None."""
+        w = self.weight_name(name)
+        half = "scale" if name.endswith(SCALE_SUFFIX) else "codes"
+        slot = self._halves.setdefault(w, {})
+        if half in slot:
+            self.errors.append(f"duplicate checkpoint tensor {name}")
+            return None
+        slot[half] = tensor
+        if len(slot) < 2:
+            return None
+        del self._halves[w]
+        try:
+            return w, dequantize_fp8_block(slot["codes"], slot["scale"], self.dtype_of(w))
+        except ValueError as e:
+            self.errors.append(f"{w}{SCALE_SUFFIX}: {e}")
+            return None
+
+    def finish(self) -> list[str]:
+        """Every error, the halves still waiting for their partner included."""
+        waiting = [
+            f"FP8 weight {w} came without its partner (weight / {SCALE_SUFFIX})" for w in sorted(self._halves)
+        ]
+        return self.errors + waiting

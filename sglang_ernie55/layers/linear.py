@@ -1,16 +1,16 @@
-"""Linear layers with a per-layer FP8 policy, and the FP8 block dequantiser the loader uses.
+"""Per-layer FP8 policy of the model's Linears: which ones keep SGLang's FP8 block method.
 
 SGLang's FP8 block method (128x128, Triton `w8a8_block_fp8_matmul` where DeepGEMM is absent) needs
 the activation width to be a multiple of 128 (per-token-group activation quantisation) and, once
 sharded or merged, the output width too. Every Linear of the full-size model qualifies; the tiny
 test geometry has ragged widths on purpose. A Linear that does not qualify is built unquantized
-and the loader dequantizes its FP8 tensors into the parameter dtype (`W = fp8 * scale_inv` per
-128x128 block, ARCHITECTURE.md convention 12), so both paths compute the same W.
+and the model's loader dequantizes its FP8 tensors (`checkpoint.fp8.Fp8Pairs`, ARCHITECTURE.md
+convention 12), so both paths compute the same W.
 """
 
 from __future__ import annotations
 
-FP8_BLOCK = 128
+from ..checkpoint.spec import FP8_BLOCK
 
 
 def fp8_block_ok(in_features: int, out_features: int) -> bool:

@@ -14,10 +14,12 @@ from collections.abc import Iterable
 import torch
 from sglang.srt.layers.layernorm import RMSNorm
 from sglang.srt.layers.logits_processor import LogitsProcessor
+from sglang.srt.layers.moe.fused_moe_triton import FusedMoE
 from sglang.srt.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
 from torch import nn
 
-from ..checkpoint.fp8 import dequantize_fp8_block
+from ..checkpoint.fp8 import Fp8Pairs
+from ..checkpoint.spec import FORMAT_BF16, FORMAT_FP8, SCALE_SUFFIX, stored_tensors
 from ..configuration import LAYER_HCA, Ernie55Config, checkpoint_config
 from ..layers.attention import Ernie55HCAAttention, Ernie55MLADSAAttention, RopeTable, norm_fp32
 from ..layers.impl import check_layer_impl
@@ -115,10 +117,8 @@ class Ernie5_5_MoeForCausalLM(nn.Module):
 
     # Checkpoint tensors this class deliberately leaves to another model (the ECHO draft).
     _SKIP_PREFIXES = ("echo.",)
-    # Checkpoint-name rewrite for routed experts: `experts.{e}.{gate,up,down}_proj.` -> FusedMoE params.
-    _EXPERT_RE = re.compile(r"\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.(weight(?:_scale_inv)?)$")
-    _EXPERT_SHARD = {"gate_proj": ("w13", "w1"), "up_proj": ("w13", "w3"), "down_proj": ("w2", "w2")}
-    _SCALE_SUFFIX = "_scale_inv"
+    # The routed-expert part of a checkpoint name, in the form of FusedMoE's mapping keys: `experts.{e}.{proj}.`
+    _EXPERT_KEY = re.compile(r"experts\.\d+\.[a-z_]+\.")
 
     def __init__(self, config: Ernie55Config, quant_config=None, prefix: str = "") -> None:
         super().__init__()
@@ -130,6 +130,17 @@ class Ernie5_5_MoeForCausalLM(nn.Module):
         check_parallel_layout(get_parallel())
         self.config = config
         self.quant_config = quant_config
+        # SGLang's checkpoint-name -> FusedMoE parameter table (`experts.{e}.gate_proj.` -> `experts.w13_`,
+        # shard w1, ...), keyed by the checkpoint part so that a name is looked up, not searched for.
+        self._expert_params = {
+            ckpt: (param, expert, shard)
+            for param, ckpt, expert, shard in FusedMoE.make_expert_params_mapping(
+                ckpt_gate_proj_name="gate_proj",
+                ckpt_down_proj_name="down_proj",
+                ckpt_up_proj_name="up_proj",
+                num_experts=config.n_routed_experts,
+            )
+        }
         self.model = Ernie55Model(config, quant_config, "model")
         self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, prefix="lm_head")
         self.logits_processor = LogitsProcessor(config)
@@ -168,27 +179,21 @@ class Ernie5_5_MoeForCausalLM(nn.Module):
     # ------------------------------------------------------------------------------------ weights
     def checkpoint_to_param(self, name: str) -> tuple[str, tuple | None]:
         """Checkpoint tensor name -> (parameter name, FusedMoE (shard_id, expert_id) or None)."""
-        m = self._EXPERT_RE.search(name)
-        if m:
-            e, proj, leaf = m.groups()
-            group, shard = self._EXPERT_SHARD[proj]
-            return name[: m.start()] + f".experts.{group}_{leaf}", (shard, int(e))
-        return name, None
+        m = self._EXPERT_KEY.search(name)
+        hit = self._expert_params.get(m.group()) if m else None
+        if hit is None:
+            return name, None
+        param, expert, shard = hit
+        return name[: m.start()] + param + name[m.end() :], (shard, expert)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """Strict: every checkpoint tensor must be expected with its exact shape, every expected tensor
         present exactly once, every parameter loaded; else Ernie55WeightError naming them all."""
-        from ..checkpoint.spec import KIND_FP8, expected_tensors, scale_shape
-
         fp8 = self.quant_config is not None
+        fmt = FORMAT_FP8 if fp8 else FORMAT_BF16
 
         def shapes(config) -> dict[str, tuple]:
-            out = {}
-            for n, (shape, kind) in expected_tensors(config).items():
-                out[n] = tuple(shape)
-                if fp8 and kind == KIND_FP8:
-                    out[n + self._SCALE_SUFFIX] = scale_shape(shape)
-            return out
+            return {n: tuple(shape) for n, (shape, _) in stored_tensors(config, fmt).items()}
 
         # Checkpoint tensors are checked against config.json's widths (`want`). On `--device cpu` SGLang pads the
         # MoE / FFN widths of the served config (`checkpoint_config`), so some parameters are wider (`served`):
@@ -201,8 +206,13 @@ class Ernie5_5_MoeForCausalLM(nn.Module):
         params = dict(self.named_parameters())
         loads: Counter[str] = Counter()
         seen: set[str] = set()
-        pending: dict[str, dict[str, torch.Tensor]] = {}  # dequantize-on-load pairs, by weight name
         errors: list[str] = []
+
+        def dtype_of(weight: str) -> torch.dtype:
+            param = params.get(self.checkpoint_to_param(weight)[0])
+            return param.dtype if param is not None else torch.bfloat16
+
+        pairs = Fp8Pairs(dtype_of)  # FP8 Linears built unquantized: dequantized once both halves are here
 
         def put(ckpt_name: str, tensor: torch.Tensor) -> None:
             width = served.get(ckpt_name, tuple(tensor.shape))
@@ -245,29 +255,18 @@ class Ernie5_5_MoeForCausalLM(nn.Module):
                 continue
             if name.startswith(self._SKIP_PREFIXES):
                 continue
-            is_scale = name.endswith(self._SCALE_SUFFIX)
-            wname = name[: -len(self._SCALE_SUFFIX)] if is_scale else name
-            if fp8 and (is_scale or tensor.dtype == torch.float8_e4m3fn):
-                scale_pname, _ = self.checkpoint_to_param(wname + self._SCALE_SUFFIX)
+            if fp8 and Fp8Pairs.is_half(name, tensor):
+                scale_pname, _ = self.checkpoint_to_param(Fp8Pairs.weight_name(name) + SCALE_SUFFIX)
                 if scale_pname in params:  # SGLang's FP8 block method owns this layer: load as stored
                     put(name, tensor)
-                    continue
-                slot = pending.setdefault(wname, {})  # dequantize once weight and scale are both here
-                slot["s" if is_scale else "w"] = tensor
-                if len(slot) == 2:
-                    pname_w, _ = self.checkpoint_to_param(wname)
-                    dtype = params[pname_w].dtype if pname_w in params else torch.bfloat16
-                    put(wname, dequantize_fp8_block(slot["w"], slot["s"], dtype))
-                    del pending[wname]
+                elif (pair := pairs.add(name, tensor)) is not None:
+                    put(*pair)
                 continue
             put(name, tensor)
 
         missing = sorted(set(want) - seen)
         errors += [f"missing checkpoint tensor {n}" for n in missing]
-        errors += [
-            f"FP8 weight {n} came without its partner (weight / {self._SCALE_SUFFIX})"
-            for n in sorted(pending)
-        ]
+        errors += pairs.finish()
         errors += [f"parameter {p} was never loaded" for p in params if loads[p] == 0]
         if errors:
             head = "\n  ".join(errors[:50])

@@ -30,13 +30,13 @@ from sglang.srt.layers.linear import ReplicatedLinear
 from sglang.srt.layers.logits_processor import LogitsProcessor
 from torch import nn
 
-from ..checkpoint.fp8 import dequantize_fp8_block
+from ..checkpoint.fp8 import Fp8Pairs
+from ..checkpoint.spec import FORMAT_FP8, stored_tensors
+from ..checkpoint.writer import INDEX_FILE
 from ..configuration import ARCH_MAIN, Ernie55Config, checkpoint_config
 from ..layers.attention import norm_fp32
 
 ECHO_PREFIX = "echo."
-SCALE_SUFFIX = "_scale_inv"
-INDEX_FILE = "model.safetensors.index.json"
 
 
 # Test-only: when set, every eager prefill draft-extend writes its inputs and outputs to
@@ -207,15 +207,13 @@ class Ernie5_5MoeMTPModel(nn.Module):
         """Strict: load every `echo.*` tensor exactly once (FP8 ones dequantized with their scale); every
         other tensor read must be one of the target's checkpoint tensors (it is skipped: the target
         owns it); every draft parameter loaded. Else Ernie55EchoWeightError listing every problem."""
-        from ..checkpoint.spec import KIND_FP8, expected_tensors, scale_shape
-
-        # names only; the widths as config.json gives them (SGLang's CPU runner may pad the served config)
-        spec = expected_tensors(checkpoint_config(self.config))
-        legal = set(spec) | {n + SCALE_SUFFIX for n, (_, kind) in spec.items() if kind == KIND_FP8}
+        # every name an FP8 or BF16 checkpoint may hold, at config.json's widths (SGLang's CPU runner may pad
+        # the served config)
+        legal = set(stored_tensors(checkpoint_config(self.config), FORMAT_FP8))
         params = dict(self.named_parameters())
         loaded: dict[str, int] = {p: 0 for p in params}
-        pending: dict[str, dict[str, torch.Tensor]] = {}
         errors: list[str] = []
+        pairs = Fp8Pairs(lambda w: params[w].dtype if w in params else torch.bfloat16)
 
         def put(name: str, tensor: torch.Tensor) -> None:
             param = params.get(name)
@@ -234,21 +232,12 @@ class Ernie5_5MoeMTPModel(nn.Module):
                 continue
             if not name.startswith(ECHO_PREFIX):
                 continue
-            if name.endswith(SCALE_SUFFIX) or tensor.dtype == torch.float8_e4m3fn:
-                w = name.removesuffix(SCALE_SUFFIX)
-                slot = pending.setdefault(w, {})
-                slot["s" if name.endswith(SCALE_SUFFIX) else "w"] = tensor
-                if len(slot) == 2:
-                    if tuple(slot["s"].shape) != scale_shape(tuple(slot["w"].shape)):
-                        errors.append(f"{w}{SCALE_SUFFIX}: shape {tuple(slot['s'].shape)}")
-                    else:
-                        put(w, dequantize_fp8_block(slot.pop("w"), slot.pop("s"), params[w].dtype))
-                    del pending[w]
+            if Fp8Pairs.is_half(name, tensor):  # e_proj / h_proj are built unquantized: dequantized here
+                if (pair := pairs.add(name, tensor)) is not None:
+                    put(*pair)
                 continue
             put(name, tensor)
-        errors += [
-            f"FP8 weight {w} came without its partner (weight / {SCALE_SUFFIX})" for w in sorted(pending)
-        ]
+        errors += pairs.finish()
         errors += [f"draft parameter {p} loaded {k} times (checkpoint tensor missing or duplicated)"
                    for p, k in loaded.items() if k != 1]  # fmt: skip
         if errors:
