@@ -416,31 +416,26 @@ def test_registration_is_idempotent():
     from sglang.srt.arg_groups.choices import ATTENTION_BACKEND_CHOICES
     from sglang.srt.arg_groups.resolution_hooks import _HOOKS, _OVERRIDABLE_HOOKS
 
-    from sglang_ernie55 import args, plugin
+    from sglang_ernie55 import patches, plugin
     from sglang_ernie55.args.overrides import ernie55_overrides
-    from sglang_ernie55.args.resolution import RESOLUTION_HOOKS
 
     plugin.register()
-    args.register()
-    args.register()
+    plugin.register()
+    patches.register()
     assert ATTENTION_BACKEND_CHOICES.count("ernie55") == 1
     assert model_override_base._MODEL_OVERRIDE_FNS[ARCH_MAIN].count(ernie55_overrides) == 1
-    for step, fn in RESOLUTION_HOOKS.items():
-        assert step in _OVERRIDABLE_HOOKS
-        assert _HOOKS[step].count(fn) == 1
+    for row in patches.rows(patches.Kind.RESOLUTION):
+        assert row.attr in _OVERRIDABLE_HOOKS
+        assert _HOOKS[row.attr].count(row.function()) == 1
 
 
 def test_compat_lists_every_hooked_symbol():
-    from sglang_ernie55 import compat
-    from sglang_ernie55.args.requests import REQUEST_HOOK_TARGETS
-    from sglang_ernie55.args.resolution import RESOLUTION_HOOKS
+    from sglang_ernie55 import compat, patches
 
     compat.check_symbols()
-    listed = {attr.split(".")[-1] for _, attr, _ in compat.REQUIRED_SYMBOLS}
-    assert set(RESOLUTION_HOOKS) <= listed
     listed_paths = {(m, a) for m, a, _ in compat.REQUIRED_SYMBOLS}
-    for module, cls in REQUEST_HOOK_TARGETS:
-        assert (module, f"{cls}._validate_request") in listed_paths
+    for row in patches.rows(patches.Kind.RESOLUTION, patches.Kind.AROUND):
+        assert (row.module, row.attr) in listed_paths
 
 
 def test_docs_table_matches_the_rules():

@@ -1,5 +1,6 @@
 """The model's defaults, declared through SGLang's model-override registry.
 
+Registered for both ERNIE-5.5 architectures by the patch ledger (patches.py). SGLang's
 `register_model_override(arch)` providers run inside `handle_model_specific_adjustments`, after the
 platform defaults (so on `--device cpu` our `ernie55` replaces the CPU default `torch_native`) and
 before `_page_size_default`. They declare; they never mutate server_args. User-given values that
@@ -11,7 +12,6 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from ..configuration import ARCHITECTURES
 from . import rules
 
 logger = logging.getLogger(__name__)
@@ -44,17 +44,3 @@ def ernie55_overrides(server_args: Any, hf_config: Any) -> dict:
         if dtype != value:
             out[field] = dtype
     return out
-
-
-_registered = False
-
-
-def register() -> None:
-    global _registered
-    if _registered:
-        return
-    from sglang.srt.arg_groups.model_override_base import register_model_override
-
-    for arch in ARCHITECTURES:
-        register_model_override(arch)(ernie55_overrides)
-    _registered = True

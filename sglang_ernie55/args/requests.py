@@ -3,7 +3,7 @@
 SGLang 0.5.23 serves a `/v1/completions` request whatever its `model` field says (only
 `/v1/models/{model}` checks the name), and under PD disaggregation a request with `n > 1` hangs: its
 sub-requests share one bootstrap room. Both are caught up front by an AROUND hook on the endpoint's
-`_validate_request` (HookRegistry; patch ledger in docs/hooks.md), which falls through unchanged for
+`_validate_request` (HookRegistry; its rows in patches.py), which falls through unchanged for
 other architectures:
 
 - `model` given and not the served name (nor `<served name>:<LoRA adapter>`): HTTP 404
@@ -16,19 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..configuration import ARCHITECTURES
-
-# (module, class) of the OpenAI handlers whose `_validate_request` is wrapped.
-REQUEST_HOOK_TARGETS = (
-    ("sglang.srt.entrypoints.openai.serving_completions", "OpenAIServingCompletion"),
-    ("sglang.srt.entrypoints.openai.serving_chat", "OpenAIServingChat"),
-)
-
-
-def _is_ernie(tokenizer_manager: Any) -> bool:
-    hf_config = getattr(getattr(tokenizer_manager, "model_config", None), "hf_config", None)
-    archs = getattr(hf_config, "architectures", None) or []
-    return bool(archs) and archs[0] in ARCHITECTURES
+from ..arch import is_ernie55
 
 
 def _pd_mode(tokenizer_manager: Any) -> str:
@@ -69,7 +57,7 @@ def model_name_error(handler: Any, request: Any) -> str | None:
 def validate_request_hook(original, self, request, *args, **kwargs):
     """AROUND hook on `<OpenAI handler>._validate_request`: for ERNIE-5.5 servers the served-name and PD
     checks first (they do not depend on the request's content), then SGLang's own validation."""
-    if _is_ernie(self.tokenizer_manager):
+    if is_ernie55(getattr(getattr(self.tokenizer_manager, "model_config", None), "hf_config", None)):
         message = model_name_error(self, request)
         if message:
             from fastapi import HTTPException
@@ -79,17 +67,3 @@ def validate_request_hook(original, self, request, *args, **kwargs):
         if message:
             return message  # handle_request answers it as a 400
     return original(self, request, *args, **kwargs)
-
-
-_registered = False
-
-
-def register() -> None:
-    global _registered
-    if _registered:
-        return
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
-
-    for module, cls in REQUEST_HOOK_TARGETS:
-        HookRegistry.register(f"{module}.{cls}._validate_request", validate_request_hook, HookType.AROUND)
-    _registered = True

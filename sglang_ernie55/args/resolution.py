@@ -1,9 +1,10 @@
 """Validation of user-given server arguments, as wrappers of SGLang's named resolution steps.
 
-`register_resolution_hook(step)` wraps a whitelisted step of `run_resolution_pipeline` at its own
-position: each wrapper here does nothing for other architectures and calls the step unchanged
-(`previous(server_args)`). Values are read through `resolving_view` (what the user gave plus what
-SGLang decided so far); "user-given" checks read the raw field, which keeps what the user typed.
+The patch ledger (patches.py) registers each wrapper on a whitelisted step of `run_resolution_pipeline`
+(`register_resolution_hook(step)`), at the step's own position. Each does nothing for other
+architectures and calls the step unchanged (`previous(server_args)`). Values are read through
+`resolving_view` (what the user gave plus what SGLang decided so far); "user-given" checks read the raw
+field, which keeps what the user typed.
 
 | step wrapped | rules checked (rules.py) | when |
 | --- | --- | --- |
@@ -21,7 +22,7 @@ import logging
 from typing import Any
 
 from .. import envs
-from ..configuration import ARCHITECTURES
+from ..arch import architecture
 from . import rules
 
 logger = logging.getLogger(__name__)
@@ -32,7 +33,7 @@ _SOURCE = "sglang_ernie55.args"
 def ernie_architecture(server_args: Any) -> str | None:
     """The ERNIE-5.5 architecture of the served checkpoint, or None for any other model (and for the
     dummy / instance-connector paths, which have no config). Uses SGLang's memoized ModelConfig."""
-    from sglang.srt.arg_groups.model_override_base import model_config_of, resolving_view
+    from sglang.srt.arg_groups.model_override_base import resolving_view
     from sglang.srt.connector import ConnectorType
     from sglang.srt.utils import parse_connector_type
 
@@ -41,8 +42,7 @@ def ernie_architecture(server_args: Any) -> str | None:
         return None
     if parse_connector_type(cfg.model_path) == ConnectorType.INSTANCE:
         return None
-    archs = getattr(model_config_of(server_args).hf_config, "architectures", None) or []
-    return archs[0] if archs and archs[0] in ARCHITECTURES else None
+    return architecture(_hf_config(server_args))
 
 
 def _hf_config(server_args: Any) -> Any:
@@ -104,8 +104,8 @@ def _prefill_graphs_off(server_args: Any) -> None:
         return
     if (Phase.PREFILL, "backend") in getattr(server_args, "_cuda_graph_config_locked", ()):
         rules.refuse_prefill_cuda_graph(str(getattr(backend, "value", backend)))
-    declare_resolution(server_args, "ernie55_prefill_cuda_graph",
-                       cuda_graph_config=with_phase(graphs, Phase.PREFILL, backend=Backend.DISABLED))  # fmt: skip
+    prefill_off = with_phase(graphs, Phase.PREFILL, backend=Backend.DISABLED)
+    declare_resolution(server_args, "ernie55_prefill_cuda_graph", cuda_graph_config=prefill_off)
     logger.info("ERNIE-5.5: prefill CUDA graph off (%s): %s", backend, rules.PREFILL_GRAPH_WHY)
 
 
@@ -156,9 +156,11 @@ def speculative_decoding(server_args: Any, previous) -> None:
     if ernie_architecture(server_args) is not None:
         cfg = resolving_view(server_args)
         decision = rules.resolve_speculative(
-            cfg.speculative_algorithm, cfg.speculative_num_steps, cfg.speculative_eagle_topk,
+            cfg.speculative_algorithm,
+            cfg.speculative_num_steps,
+            cfg.speculative_eagle_topk,
             cfg.speculative_num_draft_tokens,
-        )  # fmt: skip
+        )
         if decision is not None:
             fields: dict[str, Any] = {
                 "speculative_num_steps": decision.steps,
@@ -171,26 +173,3 @@ def speculative_decoding(server_args: Any, previous) -> None:
                 fields["speculative_draft_model_revision"] = cfg.revision
             _declare(server_args, **fields)
     previous(server_args)
-
-
-# Step name -> wrapper. Registration order = nesting: the last registered runs outermost.
-RESOLUTION_HOOKS = {
-    "handle_model_specific_adjustments": model_specific_adjustments,
-    "handle_data_parallelism": data_parallelism,
-    "handle_context_parallelism": context_parallelism,
-    "handle_a2a_moe": a2a_moe,
-    "handle_speculative_decoding": speculative_decoding,
-}
-
-_registered = False
-
-
-def register() -> None:
-    global _registered
-    if _registered:
-        return
-    from sglang.srt.arg_groups.resolution_hooks import register_resolution_hook
-
-    for step, fn in RESOLUTION_HOOKS.items():
-        register_resolution_hook(step)(fn)
-    _registered = True

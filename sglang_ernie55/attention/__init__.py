@@ -1,6 +1,7 @@
-"""The `ernie55` attention backend (docs/serving-design.md). `register()` adds it to SGLang's
-attention registry (`ATTENTION_BACKENDS`, via `register_attention_backend`); the CLI choice
-(`add_attention_backend_choices`) is registered by `sglang_ernie55.args`."""
+"""The `ernie55` attention backend (docs/serving-design.md): its name and the factory SGLang's attention
+registry calls (registered by patches.py; the CLI choice is a row there too). The backend module is
+imported when SGLang builds a backend, not when the plugin loads.
+"""
 
 from __future__ import annotations
 
@@ -11,10 +12,3 @@ def create_ernie55_backend(model_runner):
     from .backend import Ernie55AttnBackend
 
     return Ernie55AttnBackend(model_runner)
-
-
-def register() -> None:
-    """Register the backend factory (idempotent: the registry is a dict)."""
-    from sglang.srt.layers.attention.attention_registry import register_attention_backend
-
-    register_attention_backend(BACKEND_NAME)(create_ernie55_backend)

@@ -1,22 +1,9 @@
-"""ECHO speculative decoding through SGLang's EAGLE/NEXTN path: draft wiring, weight sharing, hooks.
+"""ECHO speculative decoding through SGLang's EAGLE/NEXTN path: the patches that wire the draft in.
 
-`register()` adds these hooks through SGLang's HookRegistry (patch ledger: docs/hooks.md, section
-"speculative"; design: docs/echo.md). Each falls through to SGLang for every other architecture.
-
-| target | type | what for ERNIE-5.5 |
-| --- | --- | --- |
-| `ModelConfig._config_draft_model` | AFTER | draft arch `Ernie5_5_MoeForCausalLM` -> `Ernie5_5MoeMTPModel` |
-| `model_config.resolve_spec_hidden_size` | AROUND | the target->draft hidden width is the n*H streams |
-| `DraftBackendFactory.create_decode_backend` | AROUND | `EchoMultiStepDraftBackend` (steps - 1 chained steps) |
-| `DraftBackendFactory.create_draft_extend_backend` | AROUND | `EchoDraftAttnBackend` |
-| `KVCacheConfigurator._build_token_to_kv_pool` | AROUND | the draft worker's `EchoDraftKVPool` |
-| `attention_backend_setup._build_resolved_backend` | AROUND | the draft runner's own backend: `EchoDraftAttnBackend` |
-| `EagleDraftWorker.init_lm_head` | AFTER | bind the target's embedding, last layer, hc_head, lm_head into the draft |
-| `EagleDraftWorker._capture_cuda_graphs` | AROUND | capture the draft-extend CUDA graph (SGLang's own runner) for ECHO |
-
-`register()` calls `sglang_ernie55.mem_cache.register()` first: HookRegistry nests hooks of one target
-in registration order, so ours is then the outer AROUND on `_build_token_to_kv_pool` and answers the
-draft worker before the target-pool hook sees it.
+The draft architecture and the target->draft hidden width (ModelConfig), the draft's attention backends,
+the weight sharing with the target and the draft-extend CUDA graph; each is a row of patches.py and falls
+through to SGLang for every other model. The draft's KV pool is built by the one pool patch of
+`sglang_ernie55.mem_cache`; design: docs/echo.md.
 """
 
 from __future__ import annotations
@@ -24,35 +11,15 @@ from __future__ import annotations
 import logging
 import time
 
-from ..configuration import ARCH_ECHO, ARCH_MAIN, ARCHITECTURES
+from ..arch import architecture, is_echo_draft, is_ernie55
+from ..configuration import ARCH_ECHO, ARCH_MAIN
 
 logger = logging.getLogger(__name__)
 SHARE_LOG = "ECHO draft attached:"
 GRAPH_LOG = "ECHO draft:"
 
-HOOK_DRAFT_ARCH = "sglang.srt.configs.model_config.ModelConfig._config_draft_model"
-HOOK_SPEC_HIDDEN = "sglang.srt.configs.model_config.resolve_spec_hidden_size"
-HOOK_DRAFT_DECODE = "sglang.srt.speculative.draft_utils.DraftBackendFactory.create_decode_backend"
-HOOK_DRAFT_EXTEND = "sglang.srt.speculative.draft_utils.DraftBackendFactory.create_draft_extend_backend"
-HOOK_DRAFT_POOL = "sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator._build_token_to_kv_pool"
-HOOK_SHARE = "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker.init_lm_head"
-HOOK_CAPTURE_GRAPHS = "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker._capture_cuda_graphs"
-HOOK_RUNNER_BACKEND = (
-    "sglang.srt.model_executor.model_runner_components.attention_backend_setup._build_resolved_backend"
-)
-
 # SGLang speculative algorithms whose draft for this architecture is ECHO (after NEXTN -> EAGLE).
 ECHO_ALGORITHMS = (None, "EAGLE", "NEXTN")
-
-_registered = False
-
-
-def _archs(hf_config) -> list[str]:
-    return list(getattr(hf_config, "architectures", None) or [])
-
-
-def is_echo_draft(hf_config) -> bool:
-    return _archs(hf_config)[:1] == [ARCH_ECHO]
 
 
 # ----------------------------------------------------------------------------------- hooks
@@ -61,7 +28,7 @@ def after_config_draft_model(result, self, *args, **kwargs):
     target checkpoint, so the draft path is the model path and config.json names the main arch)."""
     if (
         self.is_draft_model
-        and _archs(self.hf_config)[:1] == [ARCH_MAIN]
+        and architecture(self.hf_config) == ARCH_MAIN
         and getattr(self, "speculative_algorithm", None) in ECHO_ALGORITHMS
     ):
         self.hf_config.architectures[0] = ARCH_ECHO
@@ -71,7 +38,7 @@ def after_config_draft_model(result, self, *args, **kwargs):
 def around_resolve_spec_hidden_size(original, hf_config, hidden_size, hc_mult, *args, **kwargs):
     """ERNIE-5.5 hands the draft all n residual streams (n*H wide; ECHO's h_proj reads each stream).
     The PP width (`hc_hidden_size`) stays None: pipeline parallelism is refused for this model."""
-    if any(a in ARCHITECTURES for a in _archs(hf_config)) and hc_mult > 1:
+    if is_ernie55(hf_config) and hc_mult > 1:
         return hidden_size * hc_mult, None
     return original(hf_config, hidden_size, hc_mult, *args, **kwargs)
 
@@ -92,25 +59,6 @@ def around_create_draft_extend_backend(original, self, *args, **kwargs):
     from ..attention.draft_backend import EchoDraftAttnBackend
 
     return EchoDraftAttnBackend(self.draft_model_runner)
-
-
-def around_build_token_to_kv_pool(original, self, *args, sizes, req_to_token_pool, **kwargs):
-    if not (self.is_draft_worker and is_echo_draft(self.model_config.hf_config)):
-        return original(self, *args, sizes=sizes, req_to_token_pool=req_to_token_pool, **kwargs)
-    from sglang.srt.runtime_context import get_exec
-
-    from ..mem_cache.draft_pool import EchoDraftKVPool
-
-    return EchoDraftKVPool(
-        sizes.max_total_num_tokens,
-        page_size=self.pool_page_size,
-        dtype=self.kv_cache_dtype,
-        config=self.model_config.hf_config,
-        device=self.device,
-        enable_memory_saver=get_exec().features.enable_memory_saver,
-        # hybrid SWA: rows at the target allocator's SWA slots (SGLang registers its mapping with this pool)
-        swa_size=sizes.swa_max_total_num_tokens if self.is_hybrid_swa else None,
-    )
 
 
 def around_build_resolved_backend(original, *args, model_runner, **kwargs):
@@ -205,7 +153,8 @@ def around_capture_cuda_graphs(original, self, *args, **kwargs):
     SGLang's own capture, an ECHO draft that SGLang left without a draft-extend runner gets SGLang's runner,
     under the conditions SGLang applies to its listed backends. Every other draft: SGLang's result as is."""
     result = original(self, *args, **kwargs)
-    if getattr(self, "cuda_graph_runner_for_draft_extend", None) is None and echo_draft_extend_graph_wanted(self):
+    sglang_chose = getattr(self, "cuda_graph_runner_for_draft_extend", None) is not None
+    if not sglang_chose and echo_draft_extend_graph_wanted(self):
         capture_echo_draft_extend_graph(self)
     return result
 
@@ -226,31 +175,3 @@ def check_shared(draft, target) -> dict[str, int]:
     if bad:
         raise RuntimeError(f"ECHO draft: these tensors are not shared with the target: {bad[:20]}")
     return {n: tparams[n].data_ptr() for n in used}
-
-
-# ----------------------------------------------------------------------------------- registration
-HOOKS = (
-    (HOOK_DRAFT_ARCH, after_config_draft_model, "AFTER"),
-    (HOOK_SPEC_HIDDEN, around_resolve_spec_hidden_size, "AROUND"),
-    (HOOK_DRAFT_DECODE, around_create_decode_backend, "AROUND"),
-    (HOOK_DRAFT_EXTEND, around_create_draft_extend_backend, "AROUND"),
-    (HOOK_DRAFT_POOL, around_build_token_to_kv_pool, "AROUND"),
-    (HOOK_SHARE, after_init_lm_head, "AFTER"),
-    (HOOK_RUNNER_BACKEND, around_build_resolved_backend, "AROUND"),
-    (HOOK_CAPTURE_GRAPHS, around_capture_cuda_graphs, "AROUND"),
-)
-
-
-def register() -> None:
-    """Register the ECHO hooks (idempotent; after the KV-pool hooks, which it registers first)."""
-    global _registered
-    if _registered:
-        return
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
-
-    from .. import mem_cache
-
-    mem_cache.register()  # its pool hook first: ours then wraps it (HookRegistry nests in registration order)
-    for target, fn, kind in HOOKS:
-        HookRegistry.register(target, fn, HookType[kind])
-    _registered = True

@@ -16,10 +16,21 @@ import torch
 from sglang_ernie55.configuration import ARCH_ECHO, ARCH_MAIN, tiny_config
 
 LLAMA_TINY = {
-    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 512, "hidden_size": 64,
-    "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-    "max_position_embeddings": 4096, "torch_dtype": "bfloat16",
-}  # fmt: skip
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "vocab_size": 512,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 4096,
+    "torch_dtype": "bfloat16",
+}
+
+
+POOL_HOOKS = "sglang_ernie55.mem_cache"
+POOL_TARGET = "sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator._build_token_to_kv_pool"
 
 
 def _write(path: Path, config: dict) -> str:
@@ -50,15 +61,15 @@ def _unpatch(target: str) -> None:
 
 @pytest.fixture(scope="module")
 def hooks():
-    """The plugin as SGLang loads it, plus the ECHO hooks, applied to SGLang (process-wide)."""
+    """The plugin as SGLang loads it (the whole patch ledger), applied to SGLang (process-wide). Returns the
+    module of the ECHO hooks; the pool hook is `sglang_ernie55.mem_cache`'s."""
     from sglang.srt.plugins.hook_registry import HookRegistry
 
-    from sglang_ernie55 import plugin, speculative
+    from sglang_ernie55 import patches, plugin, speculative
 
     plugin.register()
-    speculative.register()
-    for target, _, _ in speculative.HOOKS:
-        _unpatch(target)
+    for row in patches.rows(patches.Kind.AROUND, patches.Kind.AFTER):
+        _unpatch(row.dotted)
     HookRegistry.apply_hooks()
     return speculative
 
@@ -80,19 +91,19 @@ def _model_config(path: str, draft: bool, algo: str | None = "EAGLE"):
 
 
 def test_hooks_are_in_the_patch_ledger_and_compat(hooks):
-    """Every hooked symbol is checked by compat at plugin load and documented in docs/hooks.md."""
-    from sglang_ernie55 import compat
+    """Every ECHO hook (and the two pool hooks, which size and build the draft's pool too) is a ledger row:
+    checked by compat at plugin load and documented in docs/hooks.md."""
+    from sglang_ernie55 import compat, patches
 
     ledger = (Path(__file__).resolve().parents[2] / "docs" / "hooks.md").read_text()
-    required = {f"{m}.{a}" for m, a, _ in compat.REQUIRED_SYMBOLS}
-    for target, _, _ in hooks.HOOKS:
-        assert target in required, f"{target} missing from compat.REQUIRED_SYMBOLS"
-        assert f"`{target}`" in ledger or f"`{target.rsplit('.', 1)[-1]}`" in ledger, (
-            f"{target} not in docs/hooks.md"
-        )
-    compat.check_symbols(
-        [s for s in compat.REQUIRED_SYMBOLS if f"{s[0]}.{s[1]}" in {t for t, _, _ in hooks.HOOKS}]
-    )
+    rows = [row for row in patches.LEDGER if row.ours_module() in ("sglang_ernie55.speculative", POOL_HOOKS)]
+    assert len(rows) == 9
+    required = {(m, a) for m, a, _ in compat.REQUIRED_SYMBOLS}
+    for row in rows:
+        assert (row.module, row.attr) in required, f"{row.target} missing from compat.REQUIRED_SYMBOLS"
+        assert f"### `{row.target}`" in ledger, f"{row.target} not in docs/hooks.md"
+        assert row.function().__module__ == row.ours_module()
+    compat.check_symbols([(row.module, row.attr, row.params) for row in rows])
 
 
 def test_draft_arch_and_spec_hidden_size_through_model_config(hooks, ernie):
@@ -116,14 +127,30 @@ def test_hooks_fall_through_for_other_models(hooks, llama):
     )
     assert hooks.around_create_decode_backend(lambda self: "sglang's", stub) == "sglang's"
     assert hooks.around_create_draft_extend_backend(lambda self: "sglang's", stub) == "sglang's"
-    kvc = SimpleNamespace(is_draft_worker=True, model_config=d)
-    got = hooks.around_build_token_to_kv_pool(lambda self, *, sizes, req_to_token_pool: "sglang's", kvc,
-                                              sizes=None, req_to_token_pool=None)  # fmt: skip
-    assert got == "sglang's"
-    tgt = SimpleNamespace(is_draft_worker=False, model_config=SimpleNamespace(hf_config=tiny_config()))
-    got = hooks.around_build_token_to_kv_pool(lambda self, *, sizes, req_to_token_pool: "inner", tgt, sizes=None,
-                                              req_to_token_pool=None)  # fmt: skip
-    assert got == "inner"  # the ERNIE *target* pool is the mem_cache hook's (inner) business
+
+
+def test_one_pool_hook_for_target_and_draft(hooks):
+    """`_build_token_to_kv_pool` carries one hook (no nesting, no "Multiple AROUND hooks" warning): it answers
+    the ECHO draft worker and the ERNIE-5.5 target (test_draft_pool_hook_builds_the_echo_pool,
+    test_target_pool_and_sizing_under_speculation), refuses an ERNIE-5.5 draft that is not ECHO, and hands
+    every other model, target or draft, to SGLang."""
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    from sglang_ernie55.mem_cache import around_build_token_to_kv_pool
+
+    (only,) = HookRegistry._hooks[POOL_TARGET]
+    assert only[1] is around_build_token_to_kv_pool
+
+    def sglang(self, *, sizes, req_to_token_pool):
+        return "sglang's"
+
+    llama = SimpleNamespace(hf_config=SimpleNamespace(architectures=["LlamaForCausalLM"]))
+    for draft in (True, False):
+        kvc = SimpleNamespace(is_draft_worker=draft, model_config=llama)
+        assert around_build_token_to_kv_pool(sglang, kvc, sizes=None, req_to_token_pool=None) == "sglang's"
+    kvc = SimpleNamespace(is_draft_worker=True, model_config=SimpleNamespace(hf_config=tiny_config()))
+    with pytest.raises(NotImplementedError, match=ARCH_MAIN):
+        around_build_token_to_kv_pool(sglang, kvc, sizes=None, req_to_token_pool=None)
 
 
 def test_server_args_to_draft_model_config(hooks, ernie):
@@ -133,8 +160,10 @@ def test_server_args_to_draft_model_config(hooks, ernie):
 
     from sglang_ernie55.args import resolve_server_args
 
-    sa = resolve_server_args(["--model-path", ernie, "--speculative-algorithm", "NEXTN",
-                              "--speculative-num-steps", "3"], device="cpu")  # fmt: skip
+    sa = resolve_server_args(
+        ["--model-path", ernie, "--speculative-algorithm", "NEXTN", "--speculative-num-steps", "3"],
+        device="cpu",
+    )
     d = sa.resolved_dict()
     assert d["speculative_draft_model_path"] == ernie
     assert (d["speculative_num_steps"], d["speculative_eagle_topk"], d["speculative_num_draft_tokens"]) == (
@@ -150,12 +179,21 @@ def test_server_args_to_draft_model_config(hooks, ernie):
     "flags,match",
     [
         (["--speculative-algorithm", "EAGLE", "--speculative-eagle-topk", "2"], "topk"),
-        (["--speculative-algorithm", "EAGLE", "--speculative-num-steps", "2", "--speculative-num-draft-tokens", "2"],
-         "draft-tokens"),
+        (
+            [
+                "--speculative-algorithm",
+                "EAGLE",
+                "--speculative-num-steps",
+                "2",
+                "--speculative-num-draft-tokens",
+                "2",
+            ],
+            "draft-tokens",
+        ),
         (["--speculative-algorithm", "DSPARK"], "DSpark|DSPARK"),
         (["--speculative-algorithm", "EAGLE", "--speculative-num-steps", "4"], "num-steps"),
     ],
-)  # fmt: skip
+)
 def test_invalid_echo_flags_fail(hooks, ernie, flags, match):
     from sglang_ernie55.args import Ernie55ArgumentError, resolve_server_args
 
@@ -165,9 +203,11 @@ def test_invalid_echo_flags_fail(hooks, ernie, flags, match):
 
 def _draft_runner(cfg, pool):
     return SimpleNamespace(
-        model_config=SimpleNamespace(hf_config=cfg), token_to_kv_pool=pool, draft_attention_backend=None,
+        model_config=SimpleNamespace(hf_config=cfg),
+        token_to_kv_pool=pool,
+        draft_attention_backend=None,
         req_to_token_pool=SimpleNamespace(req_to_token=torch.zeros(4, 512, dtype=torch.int32)),
-    )  # fmt: skip
+    )
 
 
 @pytest.mark.parametrize("steps", [1, 2, 3])
@@ -198,15 +238,24 @@ def test_draft_pool_hook_builds_the_echo_pool(hooks, monkeypatch):
 
     from sglang_ernie55.mem_cache.draft_pool import EchoDraftKVPool, echo_bytes_per_token
 
-    monkeypatch.setattr("sglang.srt.runtime_context.get_exec",
-                        lambda: SimpleNamespace(features=SimpleNamespace(enable_memory_saver=False)))  # fmt: skip
+    monkeypatch.setattr(
+        "sglang.srt.runtime_context.get_exec",
+        lambda: SimpleNamespace(features=SimpleNamespace(enable_memory_saver=False)),
+    )
     cfg = tiny_config(architectures=[ARCH_ECHO])
     for hybrid, rows in ((False, 2048 + 256), (True, 512 + 256)):  # hybrid SWA: rows at the SWA pool's size
-        kvc = SimpleNamespace(is_draft_worker=True, model_config=SimpleNamespace(hf_config=cfg), pool_page_size=256,
-                              kv_cache_dtype=torch.bfloat16, device="cpu", is_hybrid_swa=hybrid)  # fmt: skip
+        kvc = SimpleNamespace(
+            is_draft_worker=True,
+            model_config=SimpleNamespace(hf_config=cfg),
+            pool_page_size=256,
+            kv_cache_dtype=torch.bfloat16,
+            device="cpu",
+            is_hybrid_swa=hybrid,
+        )
         sizes = SimpleNamespace(max_total_num_tokens=2048, swa_max_total_num_tokens=512 if hybrid else None)
-        pool = KVCacheConfigurator._build_token_to_kv_pool(kvc, sizes=sizes, is_dsa_model=False, is_dsv4_model=False,
-                                                           req_to_token_pool=None)  # fmt: skip
+        pool = KVCacheConfigurator._build_token_to_kv_pool(
+            kvc, sizes=sizes, is_dsa_model=False, is_dsv4_model=False, req_to_token_pool=None
+        )
         assert isinstance(pool, EchoDraftKVPool) and pool.is_hybrid_swa == hybrid
         assert pool.layer_id == cfg.num_hidden_layers - 1 and pool.token_rows == rows
         assert pool.get_kv_size_bytes() == rows * echo_bytes_per_token(cfg, torch.bfloat16)
@@ -230,11 +279,17 @@ def test_init_lm_head_hook_shares_the_targets_modules(hooks):
     finally:
         torch.set_default_dtype(prev)
     stub = SimpleNamespace(
-        speculative_algorithm=SpeculativeAlgorithm.EAGLE, hot_token_id=None,
+        speculative_algorithm=SpeculativeAlgorithm.EAGLE,
+        hot_token_id=None,
         draft_runner=SimpleNamespace(model=draft),
-        target_worker=SimpleNamespace(model_runner=SimpleNamespace(
-            model=target, model_config=SimpleNamespace(model_path="unused", revision=None), load_config=None)),
-    )  # fmt: skip
+        target_worker=SimpleNamespace(
+            model_runner=SimpleNamespace(
+                model=target,
+                model_config=SimpleNamespace(model_path="unused", revision=None),
+                load_config=None,
+            )
+        ),
+    )
     stub._resolve_shared_embed_and_head = lambda: EagleDraftWorker._resolve_shared_embed_and_head(stub)
     assert not draft.attached
     EagleDraftWorker.init_lm_head(stub)
@@ -256,11 +311,14 @@ def test_draft_runner_backend_is_the_echo_backend(hooks):
     cfg = tiny_config(architectures=[ARCH_ECHO])
     runner = _draft_runner(cfg, EchoDraftKVPool(1024, 256, torch.bfloat16, cfg, device="cpu"))
     runner.is_draft_worker = True
-    assert isinstance(abs_._build_resolved_backend(model_runner=runner, resolved=None, init_new_workspace=False),
-                      EchoDraftAttnBackend)  # fmt: skip
+    assert isinstance(
+        abs_._build_resolved_backend(model_runner=runner, resolved=None, init_new_workspace=False),
+        EchoDraftAttnBackend,
+    )
     target = SimpleNamespace(is_draft_worker=False, model_config=SimpleNamespace(hf_config=tiny_config()))
-    got = hooks.around_build_resolved_backend(lambda **kw: "sglang's", model_runner=target, resolved=None,
-                                              init_new_workspace=False)  # fmt: skip
+    got = hooks.around_build_resolved_backend(
+        lambda **kw: "sglang's", model_runner=target, resolved=None, init_new_workspace=False
+    )
     assert got == "sglang's"
 
 
@@ -276,30 +334,53 @@ def test_target_pool_and_sizing_under_speculation(hooks, monkeypatch, algo):
     from sglang_ernie55.mem_cache.draft_pool import echo_bytes_per_token
     from sglang_ernie55.mem_cache.pool import Ernie55TokenToKVPool
 
-    monkeypatch.setattr("sglang.srt.runtime_context.get_exec",
-                        lambda: SimpleNamespace(features=SimpleNamespace(enable_memory_saver=False)))  # fmt: skip
-    monkeypatch.setattr("sglang.srt.runtime_context.get_schedule",
-                        lambda: SimpleNamespace(max_running_requests=4, swa_full_tokens_ratio=0.5))  # fmt: skip
-    monkeypatch.setattr("sglang.srt.runtime_context.get_disagg",
-                        lambda: SimpleNamespace(disaggregation_mode="null", disaggregation_decode_extra_slots=0))  # fmt: skip
-    monkeypatch.setattr("sglang.srt.mem_cache.allocation_sizing.get_req_to_token_extra_context_len", lambda: 8)
+    monkeypatch.setattr(
+        "sglang.srt.runtime_context.get_exec",
+        lambda: SimpleNamespace(features=SimpleNamespace(enable_memory_saver=False)),
+    )
+    monkeypatch.setattr(
+        "sglang.srt.runtime_context.get_schedule",
+        lambda: SimpleNamespace(max_running_requests=4, swa_full_tokens_ratio=0.5),
+    )
+    monkeypatch.setattr(
+        "sglang.srt.runtime_context.get_disagg",
+        lambda: SimpleNamespace(disaggregation_mode="null", disaggregation_decode_extra_slots=0),
+    )
+    monkeypatch.setattr(
+        "sglang.srt.mem_cache.allocation_sizing.get_req_to_token_extra_context_len", lambda: 8
+    )
     cfg = tiny_config()
     spec = SpeculativeAlgorithm.from_string(algo)
-    kvc = SimpleNamespace(is_draft_worker=False, model_config=SimpleNamespace(hf_config=cfg, context_len=2048),
-                          resolve_max_num_reqs=lambda n: 4, pool_page_size=256,
-                          kv_cache_dtype=torch.bfloat16, kv_cache_dtype_str="bfloat16", device="cpu",
-                          spec_algorithm=spec, is_hybrid_swa=True, sliding_window_size=cfg.window_size)  # fmt: skip
+    kvc = SimpleNamespace(
+        is_draft_worker=False,
+        model_config=SimpleNamespace(hf_config=cfg, context_len=2048),
+        resolve_max_num_reqs=lambda n: 4,
+        pool_page_size=256,
+        kv_cache_dtype=torch.bfloat16,
+        kv_cache_dtype_str="bfloat16",
+        device="cpu",
+        spec_algorithm=spec,
+        is_hybrid_swa=True,
+        sliding_window_size=cfg.window_size,
+    )
     conf = pc.create_memory_pool_configurator(kvc)
     assert type(conf).__name__ == "Ernie55PoolConfigurator"
     speculating = algo == "EAGLE"
     assert conf.layout.draft_row == (echo_bytes_per_token(cfg, torch.bfloat16) if speculating else 0)
     blocks = 2 if speculating else 1
-    assert conf.layout.state_per_slot == 3 * blocks * cfg.compress_ratio * 2 * cfg.head_dim * 4  # 3 HCA layers
-    sizes = SimpleNamespace(max_total_num_tokens=1024, full_max_total_num_tokens=1024, swa_max_total_num_tokens=512)
+    assert (
+        conf.layout.state_per_slot == 3 * blocks * cfg.compress_ratio * 2 * cfg.head_dim * 4
+    )  # 3 HCA layers
+    sizes = SimpleNamespace(
+        max_total_num_tokens=1024, full_max_total_num_tokens=1024, swa_max_total_num_tokens=512
+    )
     pool = KVCacheConfigurator._build_token_to_kv_pool(
-        kvc, sizes=sizes, is_dsa_model=False, is_dsv4_model=False,
+        kvc,
+        sizes=sizes,
+        is_dsa_model=False,
+        is_dsv4_model=False,
         req_to_token_pool=SimpleNamespace(req_to_token=torch.zeros(4, 1024, dtype=torch.int32)),
-    )  # fmt: skip
+    )
     assert isinstance(pool, Ernie55TokenToKVPool) and pool.state_ring == blocks * cfg.compress_ratio
     assert pool.is_hybrid_swa and pool.window_rows == 512 + 256
 
@@ -329,7 +410,10 @@ def capture_env(hooks, monkeypatch):
     from sglang_ernie55.attention.draft_backend import EchoDraftAttnBackend
     from sglang_ernie55.mem_cache.draft_pool import EchoDraftKVPool
 
-    for name, cls in (("flashattention_backend", "FlashAttentionBackend"), ("flashmla_backend", "FlashMLABackend")):
+    for name, cls in (
+        ("flashattention_backend", "FlashAttentionBackend"),
+        ("flashmla_backend", "FlashMLABackend"),
+    ):
         mod = types.ModuleType(f"sglang.srt.layers.attention.{name}")
         setattr(mod, cls, type(cls, (), {}))
         monkeypatch.setitem(sys.modules, mod.__name__, mod)
@@ -338,8 +422,13 @@ def capture_env(hooks, monkeypatch):
     monkeypatch.setattr(ew2, "_is_hip", False)
     monkeypatch.setattr(ew2, "check_cuda_graph_backend", lambda phase, backend: False)
     monkeypatch.setattr(ew2, "get_model", lambda: SimpleNamespace(model_impl="auto"))
-    monkeypatch.setattr(ew2, "get_exec", lambda: SimpleNamespace(
-        graph=SimpleNamespace(cuda_graph_config=SimpleNamespace(decode=SimpleNamespace(backend="full")))))  # fmt: skip
+    monkeypatch.setattr(
+        ew2,
+        "get_exec",
+        lambda: SimpleNamespace(
+            graph=SimpleNamespace(cuda_graph_config=SimpleNamespace(decode=SimpleNamespace(backend="full")))
+        ),
+    )
     monkeypatch.setattr(ew2, "get_batch_sizes_to_capture", lambda runner, *a, **k: ([1, 2, 4], []))
     monkeypatch.setattr(ew2, "get_available_gpu_memory", lambda *a, **k: 10.0)
     # SGLang logs these on TP rank 0 of an initialized group only; this process has none
@@ -364,11 +453,19 @@ def capture_env(hooks, monkeypatch):
         else:
             be = object()  # a backend SGLang does not capture the draft extend for
         return SimpleNamespace(
-            draft_runner=runner, draft_extend_attn_backend=be, draft_attn_backend=None, speculative_num_steps=1,
-            speculative_num_draft_tokens=2, topk=1, speculative_algorithm=SpeculativeAlgorithm.EAGLE,
-            target_worker=SimpleNamespace(device=device), device=device, gpu_id=0,
-            _specialized_graph_memory_usage={}, _specialized_graph_time_usage={},
-        )  # fmt: skip
+            draft_runner=runner,
+            draft_extend_attn_backend=be,
+            draft_attn_backend=None,
+            speculative_num_steps=1,
+            speculative_num_draft_tokens=2,
+            topk=1,
+            speculative_algorithm=SpeculativeAlgorithm.EAGLE,
+            target_worker=SimpleNamespace(device=device),
+            device=device,
+            gpu_id=0,
+            _specialized_graph_memory_usage={},
+            _specialized_graph_time_usage={},
+        )
 
     return worker
 
@@ -387,10 +484,16 @@ def test_capture_hook_adds_the_draft_extend_graph_for_echo_only(capture_env, cap
     EagleDraftWorker._capture_cuda_graphs(echo)
     assert _RunnerStub.made == [echo] and isinstance(echo.cuda_graph_runner_for_draft_extend, _RunnerStub)
     assert echo.cuda_graph_runner is None  # one step: no draft-decode graph (SGLang's rule, untouched)
-    assert "draft_extend" in echo._specialized_graph_memory_usage and "draft_extend" in echo._specialized_graph_time_usage
+    assert (
+        "draft_extend" in echo._specialized_graph_memory_usage
+        and "draft_extend" in echo._specialized_graph_time_usage
+    )
     text = caplog.text
     assert "Capture draft extend CUDA graph begin. backend=full, num_tokens_per_req=2, bs=[1, 2, 4]" in text
-    assert "Capture draft extend CUDA graph end." in text and "ECHO draft: draft-extend CUDA graph captured" in text
+    assert (
+        "Capture draft extend CUDA graph end." in text
+        and "ECHO draft: draft-extend CUDA graph captured" in text
+    )
 
     caplog.clear()
     _RunnerStub.made = []
@@ -406,7 +509,9 @@ def test_capture_hook_adds_the_draft_extend_graph_for_echo_only(capture_env, cap
     assert _RunnerStub.made == []
 
 
-@pytest.mark.parametrize("why", ["graphs-off", "env-off", "cpu", "mindspore", "not-cuda", "other-backend", "oot"])
+@pytest.mark.parametrize(
+    "why", ["graphs-off", "env-off", "cpu", "mindspore", "not-cuda", "other-backend", "oot"]
+)
 def test_capture_hook_follows_sglangs_conditions(capture_env, monkeypatch, why):
     """No draft-extend graph for ECHO wherever SGLang captures none for its listed backends either (CUDA
     graphs off, SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH, CPU, MindSpore, a non-CUDA device), nor for a draft
@@ -416,8 +521,11 @@ def test_capture_hook_follows_sglangs_conditions(capture_env, monkeypatch, why):
 
     from sglang_ernie55 import speculative
 
-    w = capture_env("echo", backend="other" if why == "other-backend" else "echo",
-                    device="xpu" if why == "not-cuda" else "cuda")  # fmt: skip
+    w = capture_env(
+        "echo",
+        backend="other" if why == "other-backend" else "echo",
+        device="xpu" if why == "not-cuda" else "cuda",
+    )
     assert speculative.echo_draft_extend_graph_wanted(capture_env("echo"))
     if why == "graphs-off":
         monkeypatch.setattr(ew2, "check_cuda_graph_backend", lambda phase, backend: True)
@@ -445,7 +553,10 @@ def test_capture_hook_keeps_a_runner_sglang_chose(hooks):
         self.cuda_graph_runner_for_draft_extend = theirs
         return "done"
 
-    w = SimpleNamespace(draft_runner=SimpleNamespace(model_config=SimpleNamespace(
-        hf_config=tiny_config(architectures=[ARCH_ECHO]))))  # fmt: skip
+    w = SimpleNamespace(
+        draft_runner=SimpleNamespace(
+            model_config=SimpleNamespace(hf_config=tiny_config(architectures=[ARCH_ECHO]))
+        )
+    )
     assert hooks.around_capture_cuda_graphs(original, w) == "done"
     assert w.cuda_graph_runner_for_draft_extend is theirs
