@@ -2,8 +2,8 @@
 
 | value | mHC sites + hc_head, MoE routing, fp32 RMSNorms, RoPE run on |
 | --- | --- |
-| `auto` (default) | the Triton kernels (`sglang_ernie55.kernels`: `mhc`, `router`, `norm`, `rope`) for CUDA tensors, the torch math (the reference's) for CPU tensors |
-| `torch` | the torch math everywhere (the CPU path and the oracle) |
+| `auto` (default) | the Triton kernels (`sglang_ernie55.kernels`: `mhc`, `router`, `norm`, `rope`) for CUDA tensors, the layers' torch math for CPU tensors |
+| `torch` | the layers' torch math everywhere (the CPU path; tests compare it and the kernels with the oracle, `sglang_ernie55.reference`) |
 | `triton` | the Triton kernels (CUDA tensors, or any tensor under `TRITON_INTERPRET=1`, Triton's CPU interpreter); a CPU tensor without the interpreter raises `ValueError` |
 
 The choice is made per call from the tensor's device (a host-side check: no sync, nothing recorded into a
@@ -33,7 +33,7 @@ def _interpreting() -> bool:
 
 _DESCRIBE = {
     "auto": "the Triton kernels for CUDA tensors, torch for CPU tensors",
-    TORCH: "torch (the reference math)",
+    TORCH: "torch",
     TRITON: "the Triton kernels (forced)",
 }
 

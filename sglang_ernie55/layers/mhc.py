@@ -3,9 +3,9 @@
 Two computes, chosen per call by `layers.impl.use_kernels` (SGLANG_ERNIE55_LAYER_IMPL):
 - the Triton kernels (`sglang_ernie55.kernels.mhc`; CUDA by default): per site one fp32 GEMM for the mix
   and one fused kernel (row RMS, split, Sinkhorn, weighted stream sum), one kernel for hc_post;
-- the reference's torch math (`sglang_ernie55.reference.mhc`; CPU, and the oracle), ~160 small ops per
-  site (the 20-iteration Sinkhorn).
-Both have static shapes (decode CUDA graphs capture them) and work per token (batch-invariant).
+- torch (`layers.mhc_torch`; CPU servers): small torch ops, six per Sinkhorn iteration, 20 iterations a site.
+Both have static shapes (decode CUDA graphs capture them) and work per token (batch-invariant); tests
+compare both with the oracle, `sglang_ernie55.reference.mhc`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..reference import mhc as ref
+from . import mhc_torch
 from .impl import use_kernels
 
 
@@ -34,10 +34,18 @@ class HyperConnection(nn.Module):
         if use_kernels(R):
             from ..kernels import mhc as K
 
-            return K.hc_pre(_streams(R), self.fn, self.base, self.scale, hc_eps=self.hc_eps, iters=self.iters,
-                            rms_eps=self.rms_eps)  # fmt: skip
-        return ref.hc_pre(R, self.fn, self.base, self.scale, hc_eps=self.hc_eps, iters=self.iters,
-                          rms_eps=self.rms_eps)  # fmt: skip
+            compute = K.hc_pre
+        else:
+            compute = mhc_torch.hc_pre
+        return compute(
+            _streams(R),
+            self.fn,
+            self.base,
+            self.scale,
+            hc_eps=self.hc_eps,
+            iters=self.iters,
+            rms_eps=self.rms_eps,
+        )
 
     @staticmethod
     def post(f: torch.Tensor, R: torch.Tensor, post: torch.Tensor, C: torch.Tensor) -> torch.Tensor:
@@ -48,7 +56,7 @@ class HyperConnection(nn.Module):
             if f.stride(-1) != 1:
                 f = f.contiguous()
             return K.hc_post(f, _streams(R), post.float().contiguous(), C.float().contiguous())
-        return ref.hc_post(f, R, post, C)
+        return mhc_torch.hc_post(f, _streams(R), post, C)
 
 
 class HyperHead(nn.Module):
@@ -68,11 +76,13 @@ class HyperHead(nn.Module):
             return K.hc_head(
                 _streams(R), self.fn, self.base, self.scale, hc_eps=self.hc_eps, rms_eps=self.rms_eps
             )
-        return ref.hc_head(R, self.fn, self.base, self.scale, hc_eps=self.hc_eps, rms_eps=self.rms_eps)
+        return mhc_torch.hc_head(
+            _streams(R), self.fn, self.base, self.scale, hc_eps=self.hc_eps, rms_eps=self.rms_eps
+        )
 
 
 def _streams(R: torch.Tensor) -> torch.Tensor:
-    """The kernels' operand: fp32 [T, n, H] with a contiguous last dim (the model's streams already are)."""
+    """Both computes' operand: fp32 [T, n, H] with a contiguous last dim (the model's streams already are)."""
     if R.dtype != torch.float32:
         R = R.float()
     return R if R.stride(-1) == 1 else R.contiguous()

@@ -10,7 +10,7 @@ Routing compute (SGLANG_ERNIE55_LAYER_IMPL, `layers.impl`): on the kernels, one 
 routers concatenated once into an fp32 [R*E, H] matrix (`router_matrix`; the routers' parameters become
 views of it, so a later in-place weight update reaches it) and `kernels.router.multi_router_topk` (sigmoid,
 mean, bias, top-k with the reference's tie rule, normalisation, scaling: one program per token); on torch,
-the reference's math (a stable sort of all E experts).
+the same rule in torch ops (a stable sort of all E experts).
 """
 
 from __future__ import annotations
@@ -128,8 +128,8 @@ class Ernie55LatentMoE(nn.Module):
     def prepare_after_load(self) -> None:
         """Post-load step (`Ernie5_5_MoeForCausalLM.load_weights`): build the router matrix now unless the torch
         path is forced, so that no forward (or CUDA-graph capture) does it where it is loaded. Not decided by
-        the weights' device: a model loaded on the CPU and moved to the GPU afterwards (the GPU layer suite,
-        2026-12-03) must not be refused here; `router_matrix()` rebuilds after such a move at its first call."""
+        the weights' device: a model loaded on the CPU and moved to the GPU afterwards (as the GPU layer suite
+        does) must not be refused here; `router_matrix()` rebuilds after such a move at its first call."""
         from ..envs import layer_impl
 
         if layer_impl() != "torch":
