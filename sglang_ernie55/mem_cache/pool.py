@@ -28,7 +28,7 @@ import torch
 from sglang.srt.mem_cache.base_swa_memory_pool import BaseSWAKVPool
 
 from ..kernels.layout import HCA_STATE_BLOCKS, KVLayout
-from ..reference import kernels_ref as kref
+from ..kernels import torch_twin as twin
 from .sizing import DENSE_KV, Buffer, PoolLayout
 
 logger = logging.getLogger(__name__)
@@ -41,7 +41,7 @@ def is_fp8(dtype: torch.dtype) -> bool:
 
 class PackedRows:
     """Token rows in one paged uint8 pool with the byte layout of `sglang_ernie55.kernels.layout` (`Geometry`),
-    read and written here through the byte-exact torch codecs of `reference.kernels_ref` (static shapes,
+    read and written here through the byte-exact torch codecs of `kernels.torch_twin` (static shapes,
     CUDA-graph safe); the Triton kernels read and write the same bytes."""
 
     def __init__(self, buf: Buffer, device):
@@ -57,11 +57,11 @@ class PackedRows:
 
     def write(self, loc: torch.Tensor, x: torch.Tensor) -> None:
         """Rows `x` [n, width] into slots `loc` [n]."""
-        kref.pool_store(self.pool, self.geom, loc.reshape(-1).long(), x.float().contiguous())
+        twin.pool_store(self.pool, self.geom, loc.reshape(-1).long(), x.float().contiguous())
 
     def read(self, loc: torch.Tensor) -> torch.Tensor:
         """Rows at `loc` (any shape) -> fp32 [*loc.shape, width]."""
-        return kref.pool_gather(self.pool, self.geom, loc.reshape(-1).long()).view(*loc.shape, self.width)
+        return twin.pool_gather(self.pool, self.geom, loc.reshape(-1).long()).view(*loc.shape, self.width)
 
 
 class DenseRows:

@@ -5,12 +5,12 @@ than 128 and head / rope widths that are not powers of two (held padded inside t
 
 import pytest
 import torch
-from kutil import DEV, cos_sin, poison, rel
+from tests.kernels.kutil import DEV, cos_sin, poison, rel
 
 from sglang_ernie55.kernels import layout as L
 from sglang_ernie55.kernels.hca_compress import hca_compress_store, hca_state_update, plan_compress_jobs
 from sglang_ernie55.reference import functional as F
-from sglang_ernie55.reference import kernels_ref as R
+from sglang_ernie55.kernels import torch_twin as R
 
 
 def _rounding_tie(got, exact, want, rel=1e-6):

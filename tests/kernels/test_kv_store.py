@@ -3,11 +3,11 @@ are not powers of two (held padded in the kernel, the padding masked) at the geo
 
 import pytest
 import torch
-from kutil import DEV, poison, rel
+from tests.kernels.kutil import DEV, poison, rel
 
 from sglang_ernie55.kernels import layout as L
 from sglang_ernie55.kernels.kv_store import kv_store
-from sglang_ernie55.reference import kernels_ref as R
+from sglang_ernie55.kernels import torch_twin as R
 
 GEOMS = {
     "hca_fp8": (lambda: L.hca_geometry("fp8"), 512),

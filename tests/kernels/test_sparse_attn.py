@@ -5,12 +5,12 @@ are not powers of two: held padded inside the kernel)."""
 
 import pytest
 import torch
-from kutil import DEV, PagedRequests, filled_pool, poison, rel
+from tests.kernels.kutil import DEV, PagedRequests, filled_pool, poison, rel
 
 from sglang_ernie55.kernels import layout as L
 from sglang_ernie55.kernels.sparse_attn import Scope, flashmla_sparse_attention, sparse_mqa_attention
 from sglang_ernie55.reference import functional as F
-from sglang_ernie55.reference import kernels_ref as R
+from sglang_ernie55.kernels import torch_twin as R
 
 TOL = {"fp8": 2e-2, "bf16": 2e-2}  # bf16 q / p operands and a bf16 output
 

@@ -243,7 +243,7 @@ def kv_codec(kv_dtype: str, cfg):
     "idx": [n, index_head_dim]} -> fp32. bf16 KV rounds every value to bf16; fp8_e4m3 KV goes through the
     fp8 layouts (HCA: SGLang's V4 layout, MLA: FlashMLA's V3.2, indexer: IDX_FP8) with their scales."""
     from sglang_ernie55.kernels.layout import hca_geometry, idx_geometry, mla_geometry
-    from sglang_ernie55.reference import kernels_ref as kref
+    from sglang_ernie55.kernels import torch_twin as kref
 
     def through(geom, x):
         n = x.shape[0]

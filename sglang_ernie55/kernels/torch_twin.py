@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from sglang_ernie55.kernels.layout import FP8_AMAX_EPS, FP8_DTYPE, FP8_MAX, Geometry, KVLayout
-
-from . import functional as F
+from ..reference import functional as F
+from .layout import FP8_AMAX_EPS, FP8_DTYPE, FP8_MAX, Geometry, KVLayout
 
 # ----------------------------------------------------------------------------- fp8 tiles
 
