@@ -1,4 +1,4 @@
-"""The patch ledger: every place this plugin attaches to SGLang 0.5.23, as one table, and its one `register()`.
+"""The patch ledger: every place this plugin attaches to SGLang 0.5.23, one table, one `register()`.
 
 Each row names the SGLang symbol (`module:attr.path`), how we attach (a HookRegistry hook, a resolution
 hook, a registry entry, ...), our function (`module:name`, imported when the ledger is applied), the
@@ -59,7 +59,6 @@ class Patch:
 
 
 PUBLIC_API = "never (public registration API)"
-_POOL_REGISTRY = "when SGLang has a pool-class registry for out-of-tree model families"
 _CHOICES = "sglang.srt.arg_groups.choices"
 _BACKEND = "sglang_ernie55.attention:BACKEND_NAME"
 _RESOLUTION = "sglang_ernie55.args.resolution"
@@ -231,7 +230,8 @@ LEDGER: tuple[Patch, ...] = (
         ("sizes", "is_dsa_model", "is_dsv4_model", "req_to_token_pool"),
         "the pool class is chosen by hard-coded architecture predicates: the target needs "
         "`Ernie55TokenToKVPool`, the ECHO draft worker `EchoDraftKVPool` (one layer of window rows)",
-        _POOL_REGISTRY + " (the platform `get_kv_pool_cls` covers only the mha / mla / dsa kinds)",
+        "when SGLang has a pool-class registry for out-of-tree model families (the platform `get_kv_pool_cls` "
+        "covers only the mha / mla / dsa kinds)",
     ),
     # ------------------------------------------------------------------ ECHO speculative decoding
     Patch(

@@ -1,10 +1,9 @@
 """No import cycle among the modules of `sglang_ernie55`.
 
-Every module is parsed with `ast`; an edge is any `import` / `from ... import` of a package module, at
-module level or inside a function (a function-level import still runs the imported module, and a cycle
-through one is a cycle the day someone hoists it). Imports under `if TYPE_CHECKING:` never run and are
-left out. The patch ledger imports the modules its rows name by string, so those count as edges of
-`sglang_ernie55.patches` too. A failure prints each cycle with the file and line of every edge.
+Every module is parsed with `ast`; an edge is any import of a package module, at module level or inside a
+function (a function-level import still runs the module, and hoisting it would expose the cycle). Imports
+under `if TYPE_CHECKING:` never run and are left out; the patch ledger's rows count as imports of
+`sglang_ernie55.patches` (it imports them by name). A failure prints each cycle with every edge's line.
 """
 
 from __future__ import annotations
