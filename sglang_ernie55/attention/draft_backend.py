@@ -41,6 +41,7 @@ from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 from ..configuration import LAYER_HCA
 from ..mem_cache.draft_pool import EchoDraftKVPool
 from . import BACKEND_NAME
+from .interface import LayerInputs
 from .torch_path import masked_sink_attention
 
 logger = logging.getLogger(__name__)
@@ -79,7 +80,9 @@ class EchoDraftAttnBackend(AttentionBackend):
             name = getattr(mode, "name", str(mode))
             self.graph_replays[name] = self.graph_replays.get(name, 0) + 1
             if self.graph_replays[name] == 1 and mode.is_draft_extend_v2():
-                logger.info(f"ECHO draft: first draft-extend CUDA-graph replay (bs={forward_batch.batch_size})")
+                logger.info(
+                    f"ECHO draft: first draft-extend CUDA-graph replay (bs={forward_batch.batch_size})"
+                )
 
     def _set_row_map(self, fb) -> None:
         self._row_reqs = None
@@ -113,17 +116,23 @@ class EchoDraftAttnBackend(AttentionBackend):
         k = T // bs  # decode: 1 per request; DRAFT_EXTEND_V2: num_tokens_per_req (S+1) each, request-major
         want = getattr(getattr(fb, "spec_info", None), "num_tokens_per_req", 0) or 0
         if fb.forward_mode.is_draft_extend_v2() and want > 0 and want != k:
-            raise ValueError(f"ECHO draft: DRAFT_EXTEND_V2 of {T} rows for {bs} requests, expected {want} each")
+            raise ValueError(
+                f"ECHO draft: DRAFT_EXTEND_V2 of {T} rows for {bs} requests, expected {want} each"
+            )
         return req.repeat_interleave(k)
 
     # ------------------------------------------------------------------ attention
-    def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache: bool = True, **kw):
-        return self._window_attention(q, k, layer, forward_batch, kw)
+    def forward_extend(
+        self, q, k, v, layer, forward_batch, save_kv_cache: bool = True, *, ernie_inputs: LayerInputs
+    ):
+        return self._window_attention(q, k, layer, forward_batch, ernie_inputs)
 
-    def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache: bool = True, **kw):
-        return self._window_attention(q, k, layer, forward_batch, kw)
+    def forward_decode(
+        self, q, k, v, layer, forward_batch, save_kv_cache: bool = True, *, ernie_inputs: LayerInputs
+    ):
+        return self._window_attention(q, k, layer, forward_batch, ernie_inputs)
 
-    def _window_attention(self, q, k, layer, fb, kw):
+    def _window_attention(self, q, k, layer, fb, inputs: LayerInputs):
         rows = self.pool.check_layer(layer.layer_id)
         k = k.reshape(k.shape[0], -1)
         rows.write(self.pool.window_loc(fb.out_cache_loc), k)
@@ -133,7 +142,7 @@ class EchoDraftAttnBackend(AttentionBackend):
         mask = wpos >= 0
         keys = rows.read(self.pool.window_loc(self.req_to_token[req[:, None].long(), wpos.clamp(min=0)]))
         if self.kind == LAYER_HCA:
-            return masked_sink_attention(q, keys, keys, mask, kw["attn_sink"], layer.scaling)
+            return masked_sink_attention(q, keys, keys, mask, inputs.sink, layer.scaling)
         r = layer.v_head_dim
         return masked_sink_attention(q, keys, keys[..., :r], mask, None, layer.scaling)
 

@@ -1,30 +1,7 @@
-"""Stage 2 of the `ernie55` backend's compute: cache stores, HCA block compression, the lightning indexer
-and sparse attention on the project's Triton kernels (`sglang_ernie55.kernels`), with FlashMLA's sparse
-decode behind the same `Scope` API where its geometry fits (docs/serving-design.md sections 1, 6).
-
-One `KernelMeta` per forward (decode or extend) holds every index row the layers read: built on the
-device from `req_to_token` (no per-token host work; extend copies its two host length lists once, decode
-and its CUDA graphs make no host sync), then reused by every layer of the forward:
-
-- window rows: slots of positions max(0, p-W+1) .. p, through `window_slots` (the one place that maps
-  full-pool slots to window-pool slots), compressed rows: slots of blocks j < (p+1) // ratio, both
-  `-1` padded with lengths (kernels/hca_meta.py `hca_indices`);
-- compression jobs: one per block that completes in the batch, built on the device with a static
-  count per request (`ceil(max new tokens / ratio)`; unused jobs have out slot -1), and the per-token
-  state-update rows; `compress` is the one call site of the compression kernels;
-- the page table of the batch's requests (the indexer reads keys through it), and the query chunks of
-  the indexer (extend: bounded [chunk, keys] logits, never [queries, heads, keys]);
-- FlashMLA tile-scheduler metadata, one fresh `FlashMLASchedMeta` per (layer kind, chunk) and forward: the
-  first layer's call fills it (inside the CUDA graph when captured, so replays recompute it), later
-  layers reuse it (same shapes and lengths in every layer of a kind).
-
-Geometry: the window and compress ratio are the config's (`be.W`, `be.ratio`: any window <= 256, any ratio
-dividing the 256-token page), the widths the pools' (any even head / rope / latent / indexer widths: the
-kernels hold rows at the next power of two with the extra columns masked), so every geometry `Ernie55Config`
-accepts runs here (docs/kernels.md, "Geometries").
-
-Padded CUDA-graph decode rows (out_cache_loc in SGLang's padding page, slot < page_size) write their
-window / latent rows into that page, run no compression job and write no state row.
+"""The kernel implementation of the `ernie55` backend (`KernelPath`): cache stores, HCA block compression, the
+lightning indexer and sparse attention on the project's Triton kernels (`sglang_ernie55.kernels`), with FlashMLA's
+sparse decode behind the same `Scope` API where its geometry fits; every geometry `Ernie55Config` accepts runs here
+(docs/kernels.md "Geometries", docs/serving-design.md section 6.1).
 """
 
 from __future__ import annotations
@@ -33,16 +10,21 @@ import dataclasses
 
 import torch
 
+from ..configuration import LAYER_HCA, LAYER_MLA_DSA
 from ..kernels.hca_compress import hca_compress_store, hca_state_update
 from ..kernels.hca_meta import hca_indices
 from ..kernels.indexer import indexer_logits, indexer_topk
 from ..kernels.kv_store import kv_store
 from ..kernels.sparse_attn import Scope, flashmla_sparse_attention, sparse_mqa_attention
-from .select import FLASHMLA, FLASHMLA_HEADS
+from ..layers.rope import cos_sin
+from .interface import HCAInputs, LayerInputs, MLAInputs, TokenRows
 
 INDEXER_LOGITS_BUDGET = 1 << 24  # extend: query rows x key columns of one indexer chunk (64 MiB fp32)
-ATTN_ROWS = 1 << 15  # query rows per attention call (the split kernel's grid puts tokens on CUDA's y axis, < 65536)
+ATTN_ROWS = (
+    1 << 15
+)  # query rows per attention call (the split kernel's grid puts tokens on CUDA's y axis, < 65536)
 FLASHMLA_TOPK_ALIGN = 64  # FlashMLA reads index rows in blocks of 64 (pad with -1)
+FLASHMLA_HEADS = (64, 128)  # FlashMLA's sparse decode: q heads (after padding)
 # --enable-deterministic-inference: keys per attention split, fixed, so that a query's result depends only on
 # its own keys (kernels/sparse_attn.py `split_keys`); 256 is the default mode's minimum split
 DETERMINISTIC_SPLIT_KEYS = 256
@@ -50,7 +32,7 @@ DETERMINISTIC_SPLIT_KEYS = 256
 
 @dataclasses.dataclass
 class KernelMeta:
-    """Index rows of one forward, built once (`decode_meta` / `extend_meta`) and read by every layer.
+    """Index rows of one forward, built once (`KernelPath.extend_meta` / `fixed_meta`) and read by every layer.
 
     T query tokens of B requests; int32 unless noted. Padded CUDA-graph rows are ordinary rows here
     (their outputs are discarded) except that `st_req` is -1 and their jobs have out slot -1."""
@@ -81,7 +63,7 @@ def _ceil_to(x: int, m: int) -> int:
 
 def window_slots(pool, full: torch.Tensor) -> torch.Tensor:
     """Full-pool slots (any shape, -1 = none) -> window-pool slots: the one translation of the window
-    rows. Identity while the window lives in the full pool (stage 1 pools have no `window_loc`)."""
+    rows. Identity for a pool without `window_loc` (the window kept in the full pool)."""
     to_window = getattr(pool, "window_loc", None)
     if to_window is None:
         return full
@@ -100,72 +82,6 @@ def _jobs(req_to_token, req, P, L, tok_start, nj: int, ratio: int, valid):
         t.expand(shape).reshape(-1).to(torch.int32).contiguous()
         for t in (req[:, None], j, P[:, None], tok_start[:, None], out)
     )
-
-
-def _common(be, req, P, L, tok_req, tok_pos, tok_start, loc, valid_tok, valid_req, cmp_width: int, nj: int,
-            mla_chunks) -> KernelMeta:  # fmt: skip
-    """req (pool rows) / P (prefix) / L (seq len) / tok_start [B]; tok_req / tok_pos / loc / valid_tok [T]."""
-    page, ratio = be.page_size, be.ratio
-    pt = be.page_starts[req.long()]
-    pt = torch.div(pt, page, rounding_mode="floor").to(torch.int32)
-    widx, wlen, cidx, clen = hca_indices(
-        pt, pt, tok_req, tok_pos, cmp_width, window=be.W, ratio=ratio, page_size=page
-    )
-    loc = loc.long()
-    jobs = _jobs(be.req_to_token, req.long(), P, L, tok_start, nj, ratio, valid_req)
-    st_req = torch.where(valid_tok, req.long()[tok_req.long()], -1).to(torch.int32)
-    return KernelMeta(
-        tok_req=tok_req.to(torch.int32).contiguous(), tok_pos=tok_pos.to(torch.int32).contiguous(), loc=loc,
-        win_loc=window_slots(be.pool, loc), page_table=pt.contiguous(),
-        win_idx=window_slots(be.pool, widx).to(torch.int32).contiguous(), win_len=wlen, cmp_idx=cidx,
-        cmp_len=clen, jobs=jobs, st_req=st_req, st_seq=L.long()[tok_req.long()].to(torch.int32),
-        mla_chunks=tuple(mla_chunks),
-    )  # fmt: skip
-
-
-def fixed_meta(be, req, seq_after, loc, per_req: int, width: int) -> KernelMeta:
-    """`per_req` new tokens per request at positions seq_after - per_req .. seq_after - 1 (decode: 1; a
-    verify pass: its draft width), CUDA-graph safe: device ops on the runner's buffers only. req /
-    seq_after [B]; loc [B * per_req] request-major. `width`: static upper bound of the sequence lengths
-    (the context length under graphs)."""
-    B, dev = req.shape[0], req.device
-    L = seq_after.long()
-    P = L - per_req
-    tok_req = torch.arange(B, device=dev).repeat_interleave(per_req)
-    tok_pos = P[tok_req] + torch.arange(per_req, device=dev).repeat(B)
-    valid = loc >= be.page_size  # padded graph rows point into SGLang's padding page
-    valid_req = valid.view(B, per_req)[:, 0] if B else valid
-    cmp_width = _ceil_to(max(1, -(-width // be.ratio)), FLASHMLA_TOPK_ALIGN)
-    nj = -(-per_req // be.ratio)
-    start = torch.arange(B, device=dev) * per_req
-    return _common(be, req, P, L, tok_req, tok_pos, start, loc, valid, valid_req, cmp_width, nj,
-                   [(0, B * per_req, width)])  # fmt: skip
-
-
-def decode_meta(be, fb, width: int) -> KernelMeta:
-    """Decode: one token per request (fixed_meta with per_req 1)."""
-    return fixed_meta(be, fb.req_pool_indices, fb.seq_lens, fb.out_cache_loc, 1, width)
-
-
-def extend_meta(be, fb) -> KernelMeta:
-    """Extend (prefill, chunked prefill, prefix hits, mixed batches): ragged rows from the host lists."""
-    prefix = [int(x) for x in fb.extend_prefix_lens_cpu]
-    ext = [int(x) for x in fb.extend_seq_lens_cpu]
-    req, loc = fb.req_pool_indices, fb.out_cache_loc
-    dev, B, T = req.device, len(ext), sum(ext)
-    lens = torch.tensor([prefix, ext], dtype=torch.int64).to(dev, non_blocking=True)
-    P, E = lens[0], lens[1]
-    L = P + E
-    tok_req = torch.repeat_interleave(torch.arange(B, device=dev), E, output_size=T)
-    start = torch.cumsum(E, 0) - E
-    tok_pos = P[tok_req] + torch.arange(T, device=dev) - start[tok_req]
-    seq = [p + e for p, e in zip(prefix, ext)]
-    cmp_width = _ceil_to(max(1, -(-max(seq, default=1) // be.ratio)), FLASHMLA_TOPK_ALIGN)
-    nj = max(1, -(-max(ext, default=1) // be.ratio))
-    valid_tok = torch.ones(T, dtype=torch.bool, device=dev)
-    valid_req = torch.ones(B, dtype=torch.bool, device=dev)
-    return _common(be, req, P, L, tok_req, tok_pos, start, loc, valid_tok, valid_req, cmp_width, nj,
-                   _mla_chunks(ext, seq))  # fmt: skip
 
 
 def _mla_chunks(ext: list[int], seq: list[int]) -> list[tuple[int, int, int]]:
@@ -189,28 +105,16 @@ def _mla_chunks(ext: list[int], seq: list[int]) -> list[tuple[int, int, int]]:
     return out
 
 
-# ----------------------------------------------------------------------------- compression
-
-
-def compress(be, meta: KernelMeta, lid: int, cs: torch.Tensor, compressor) -> None:
-    """HCA block compression of one layer: every block that completes in this batch -> its compressed
-    entry (in the pool's layout), then the rows of each request's open block -> the state. The one
-    call site of the compression kernels (kernels/hca_compress.py)."""
-    pool = be.pool
-    cmp, state = pool.cmp[lid], pool.state[lid]
-    cos, sin = be.rope_tables(compressor.inv_freq)
-    w = compressor.norm.weight
-    kvs = cs if cs.dtype == torch.float32 and cs.is_contiguous() else cs.float().contiguous()
-    hca_compress_store(cmp.pool, cmp.geom, kvs, state, compressor.ape.float().contiguous(),
-                       w.float().contiguous(), compressor.eps, cos, sin, *meta.jobs)  # fmt: skip
-    hca_state_update(state, kvs, meta.tok_pos, meta.st_req, meta.st_seq, ratio=be.ratio)
-
-
-# ----------------------------------------------------------------------------- attention
-
-
-def _flashmla(meta: KernelMeta, key, q: torch.Tensor, main: Scope, extra: Scope | None, scale: float, d_v: int,
-              sink: torch.Tensor | None) -> torch.Tensor:  # fmt: skip
+def _flashmla(
+    meta: KernelMeta,
+    key,
+    q: torch.Tensor,
+    main: Scope,
+    extra: Scope | None,
+    scale: float,
+    d_v: int,
+    sink: torch.Tensor | None,
+) -> torch.Tensor:
     """flashmla_sparse_attention with the heads padded to 64 / 128 and the forward's shared schedule."""
     import flash_mla
 
@@ -222,63 +126,293 @@ def _flashmla(meta: KernelMeta, key, q: torch.Tensor, main: Scope, extra: Scope 
     sched = meta.sched.get(key)
     if sched is None:
         sched = meta.sched[key] = flash_mla.get_mla_metadata()[0]
-    o, _ = flashmla_sparse_attention(q.to(torch.bfloat16).contiguous(), main, extra, sm_scale=scale, d_v=d_v, sink=sink,
-                                     sched_meta=sched)  # fmt: skip
+    o, _ = flashmla_sparse_attention(
+        q.to(torch.bfloat16).contiguous(), main, extra, sm_scale=scale, d_v=d_v, sink=sink, sched_meta=sched
+    )
     return o[:, :h]
 
 
-def hca_forward(be, meta: KernelMeta, impl: str, q, kv, cs, compressor, sink, layer) -> torch.Tensor:
-    """Store the window kv, compress completed blocks, attend window + compressed entries + sink.
-    q [T, h, D] (normed, roped), kv [T, D], cs [T, 2D] fp32. Returns o [T, h, D] fp32 (rope slice still
-    rotated: the layer applies the inverse RoPE)."""
-    lid = layer.layer_id
-    win, cmp = be.pool.win[lid], be.pool.cmp[lid]
-    T, h, D = q.shape
-    if T == 0:
-        return q.new_zeros(0, h, D, dtype=torch.float32)
-    kv_store(win.pool, win.geom, meta.win_loc, kv.reshape(T, -1).contiguous())
-    compress(be, meta, lid, cs, compressor)
-    qb = q.to(be.query_dtype).contiguous()
-    sink = sink.float().contiguous()
-    out = torch.empty(T, h, D, dtype=torch.float32, device=q.device)
-    for ci, t0 in enumerate(range(0, T, ATTN_ROWS)):
-        t1 = min(T, t0 + ATTN_ROWS)
-        main = Scope(win.pool, win.geom, meta.win_idx[t0:t1], meta.win_len[t0:t1])
-        extra = Scope(cmp.pool, cmp.geom, meta.cmp_idx[t0:t1], meta.cmp_len[t0:t1])
-        if impl == FLASHMLA:
-            out[t0:t1] = _flashmla(meta, ("hca", ci), qb[t0:t1], main, extra, layer.scaling, D, sink)
-        else:
-            sparse_mqa_attention(qb[t0:t1], main, extra, sm_scale=layer.scaling, d_v=D, sink=sink, out=out[t0:t1],
-                                 split_keys=be.split_keys)  # fmt: skip
-    return out
+class KernelPath:
+    """The kernel implementation of the layer kinds the backend gives it: one `KernelMeta` per forward, the
+    compression cos / sin table, and one call per layer (HCA: store, compress, attend; MLA-DSA: store, index,
+    attend). `flashmla`: the kinds whose attention runs on FlashMLA (the others on the Triton split kernel);
+    `split_keys`: the batch-invariant key splits of --enable-deterministic-inference (None: free splits);
+    `query_dtype`: the MMA operand dtype of the queries (bf16; fp32 with fp32 activations, the exactness runs).
 
+    The `KernelMeta` of a forward holds every index row the layers read, built on the device from
+    `req_to_token` (no per-token host work; extend copies its two host length lists once, decode and its CUDA
+    graphs make no host sync):
 
-def mla_forward(be, meta: KernelMeta, impl: str, q, kc, iq, iw, ik, layer) -> torch.Tensor:
-    """Store [latent | k_pe] and the indexer key, then per query chunk: indexer logits over the paged
-    key pool, exact top-k (ties to the earlier position) as latent-pool slots, sparse absorbed MLA.
-    q [T, h, R + r] (= [q_nope W_uk | q_pe]), kc [T, R + r], iq [T, nI, dI], iw [T, nI], ik [T, dI].
-    Returns o_latent [T, h, R] fp32."""
-    lid = layer.layer_id
-    lat, idx = be.pool.latent[lid], be.pool.index_k[lid]
-    T, h, _ = q.shape
-    R = layer.v_head_dim
-    if T == 0:
-        return q.new_zeros(0, h, R, dtype=torch.float32)
-    kv_store(lat.pool, lat.geom, meta.loc, kc.reshape(T, -1).contiguous())
-    kv_store(idx.pool, idx.geom, meta.loc, ik.contiguous())
-    qb = q.to(be.query_dtype).contiguous()
-    iqb = iq.to(be.query_dtype).contiguous()
-    iw = iw.float().contiguous()
-    out = torch.empty(T, h, R, dtype=torch.float32, device=q.device)
-    for ci, (t0, t1, width) in enumerate(meta.mla_chunks):
-        req, pos = meta.tok_req[t0:t1], meta.tok_pos[t0:t1]
-        logits = indexer_logits(iqb[t0:t1], iw[t0:t1], idx.pool, idx.geom, meta.page_table, req, pos, width)
-        sel, n = indexer_topk(logits, pos, be.topk, meta.page_table, req, be.page_size)
-        del logits
-        main = Scope(lat.pool, lat.geom, sel, n)
-        if impl == FLASHMLA:
-            out[t0:t1] = _flashmla(meta, ("mla", ci), qb[t0:t1], main, None, layer.scaling, R, None)
-        else:
-            sparse_mqa_attention(qb[t0:t1], main, None, sm_scale=layer.scaling, d_v=R, out=out[t0:t1],
-                                 split_keys=be.split_keys)
-    return out
+    - window rows: slots of positions max(0, p-W+1) .. p, through `window_slots` (the one place that maps
+      full-pool slots to window-pool slots), compressed rows: slots of blocks j < (p+1) // ratio, both `-1`
+      padded with lengths (kernels/hca_meta.py `hca_indices`);
+    - compression jobs: one per block that completes in the batch, built on the device with a static count per
+      request (`ceil(max new tokens / ratio)`; unused jobs have out slot -1), and the per-token state-update
+      rows; `compress` is the one call site of the compression kernels;
+    - the page table of the batch's requests (the indexer reads keys through it), and the query chunks of the
+      indexer (extend: bounded [chunk, keys] logits, never [queries, heads, keys]);
+    - FlashMLA tile-scheduler metadata, one fresh `FlashMLASchedMeta` per (layer kind, chunk) and forward: the
+      first layer's call fills it (inside the CUDA graph when captured, so replays recompute it), later layers
+      reuse it (same shapes and lengths in every layer of a kind).
+
+    Padded CUDA-graph rows (out_cache_loc in SGLang's padding page, slot < page_size) write their window / latent
+    rows into that page, run no compression job and write no state row."""
+
+    def __init__(
+        self,
+        pool,
+        req_to_token: torch.Tensor,
+        cfg,
+        flashmla: frozenset[str] = frozenset(),
+        split_keys: int | None = None,
+        query_dtype: torch.dtype = torch.bfloat16,
+    ):
+        self.pool, self.req_to_token = pool, req_to_token
+        self.page_size = pool.page_size
+        self.W, self.ratio, self.topk = cfg.window_size, cfg.compress_ratio, cfg.index_topk
+        self.flashmla, self.split_keys, self.query_dtype = frozenset(flashmla), split_keys, query_dtype
+        # page starts of every request slot (a view): page_table = page_starts[req] // page_size
+        self.page_starts = req_to_token[:, :: self.page_size]
+        self.meta: KernelMeta | None = None
+        self._rope_tables: dict = {}
+
+    # ------------------------------------------------------------------ metadata
+    def init_extend(self, fb) -> None:
+        self.meta = self.extend_meta(fb)
+
+    def init_rows(self, rows: TokenRows) -> None:
+        self.meta = self.fixed_meta(rows.req, rows.seq_after, rows.loc, rows.per_req, rows.width)
+
+    def init_graph_host(self, per_req: int, width: int) -> None:
+        """Nothing on the host: the index rows are device ops, recorded into the graph (`init_graph_device`)."""
+
+    def init_graph_device(self, rows: TokenRows) -> None:
+        """The index rows from the runner's static buffers with context-length widths, and an empty FlashMLA
+        schedule that the captured first layer of each kind fills."""
+        self.init_rows(rows)
+
+    def _common(
+        self,
+        req,
+        P,
+        L,
+        tok_req,
+        tok_pos,
+        tok_start,
+        loc,
+        valid_tok,
+        valid_req,
+        cmp_width: int,
+        nj: int,
+        mla_chunks,
+    ) -> KernelMeta:
+        """req (pool rows) / P (prefix) / L (seq len) / tok_start [B]; tok_req / tok_pos / loc / valid_tok [T]."""
+        page, ratio = self.page_size, self.ratio
+        pt = self.page_starts[req.long()]
+        pt = torch.div(pt, page, rounding_mode="floor").to(torch.int32)
+        widx, wlen, cidx, clen = hca_indices(
+            pt, pt, tok_req, tok_pos, cmp_width, window=self.W, ratio=ratio, page_size=page
+        )
+        loc = loc.long()
+        jobs = _jobs(self.req_to_token, req.long(), P, L, tok_start, nj, ratio, valid_req)
+        st_req = torch.where(valid_tok, req.long()[tok_req.long()], -1).to(torch.int32)
+        return KernelMeta(
+            tok_req=tok_req.to(torch.int32).contiguous(),
+            tok_pos=tok_pos.to(torch.int32).contiguous(),
+            loc=loc,
+            win_loc=window_slots(self.pool, loc),
+            page_table=pt.contiguous(),
+            win_idx=window_slots(self.pool, widx).to(torch.int32).contiguous(),
+            win_len=wlen,
+            cmp_idx=cidx,
+            cmp_len=clen,
+            jobs=jobs,
+            st_req=st_req,
+            st_seq=L.long()[tok_req.long()].to(torch.int32),
+            mla_chunks=tuple(mla_chunks),
+        )
+
+    def fixed_meta(self, req, seq_after, loc, per_req: int, width: int) -> KernelMeta:
+        """`per_req` new tokens per request at positions seq_after - per_req .. seq_after - 1 (decode: 1; a
+        verify pass: its draft width), CUDA-graph safe: device ops on the runner's buffers only. req /
+        seq_after [B]; loc [B * per_req] request-major. `width`: static upper bound of the sequence lengths
+        (the context length under graphs)."""
+        B, dev = req.shape[0], req.device
+        L = seq_after.long()
+        P = L - per_req
+        tok_req = torch.arange(B, device=dev).repeat_interleave(per_req)
+        tok_pos = P[tok_req] + torch.arange(per_req, device=dev).repeat(B)
+        valid = loc >= self.page_size  # padded graph rows point into SGLang's padding page
+        valid_req = valid.view(B, per_req)[:, 0] if B else valid
+        cmp_width = _ceil_to(max(1, -(-width // self.ratio)), FLASHMLA_TOPK_ALIGN)
+        nj = -(-per_req // self.ratio)
+        start = torch.arange(B, device=dev) * per_req
+        return self._common(
+            req,
+            P,
+            L,
+            tok_req,
+            tok_pos,
+            start,
+            loc,
+            valid,
+            valid_req,
+            cmp_width,
+            nj,
+            [(0, B * per_req, width)],
+        )
+
+    def extend_meta(self, fb) -> KernelMeta:
+        """Extend (prefill, chunked prefill, prefix hits, mixed batches): ragged rows from the host lists."""
+        prefix = [int(x) for x in fb.extend_prefix_lens_cpu]
+        ext = [int(x) for x in fb.extend_seq_lens_cpu]
+        req, loc = fb.req_pool_indices, fb.out_cache_loc
+        dev, B, T = req.device, len(ext), sum(ext)
+        lens = torch.tensor([prefix, ext], dtype=torch.int64).to(dev, non_blocking=True)
+        P, E = lens[0], lens[1]
+        L = P + E
+        tok_req = torch.repeat_interleave(torch.arange(B, device=dev), E, output_size=T)
+        start = torch.cumsum(E, 0) - E
+        tok_pos = P[tok_req] + torch.arange(T, device=dev) - start[tok_req]
+        seq = [p + e for p, e in zip(prefix, ext)]
+        cmp_width = _ceil_to(max(1, -(-max(seq, default=1) // self.ratio)), FLASHMLA_TOPK_ALIGN)
+        nj = max(1, -(-max(ext, default=1) // self.ratio))
+        valid_tok = torch.ones(T, dtype=torch.bool, device=dev)
+        valid_req = torch.ones(B, dtype=torch.bool, device=dev)
+        return self._common(
+            req,
+            P,
+            L,
+            tok_req,
+            tok_pos,
+            start,
+            loc,
+            valid_tok,
+            valid_req,
+            cmp_width,
+            nj,
+            _mla_chunks(ext, seq),
+        )
+
+    def rope_tables(self, inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos / sin fp32 [context, rope / 2] of the model's RoPE table (the compression kernel's), built at the
+        first call (in the warm-up before any graph capture)."""
+        key = (inv_freq.device, inv_freq.data_ptr())
+        if key not in self._rope_tables:
+            pos = torch.arange(self.req_to_token.shape[1], device=inv_freq.device)
+            self._rope_tables[key] = tuple(t.contiguous() for t in cos_sin(pos, inv_freq.float()))
+        return self._rope_tables[key]
+
+    # ------------------------------------------------------------------ layers
+    def extend(self, kind: str, q, kv, inputs: LayerInputs, layer, fb) -> torch.Tensor:
+        return self._layer(kind, q, kv, inputs, layer)
+
+    def rows(self, kind: str, q, kv, inputs: LayerInputs, layer, fb) -> torch.Tensor:
+        return self._layer(kind, q, kv, inputs, layer)
+
+    def _layer(self, kind: str, q, kv, inputs: LayerInputs, layer) -> torch.Tensor:
+        m = self.meta
+        if m is None or m.num_tokens != q.shape[0]:
+            raise RuntimeError(
+                f"ernie55 backend: kernel metadata for {None if m is None else m.num_tokens} tokens, the layer "
+                f"has {q.shape[0]} (init_forward_metadata must run for every forward)"
+            )
+        if kind == LAYER_HCA:
+            return self.hca(m, q, kv, inputs, layer)
+        return self.mla(m, q, kv, inputs, layer)
+
+    def compress(self, meta: KernelMeta, lid: int, cs: torch.Tensor, compressor) -> None:
+        """HCA block compression of one layer: every block that completes in this batch -> its compressed
+        entry (in the pool's layout), then the rows of each request's open block -> the state. The one
+        call site of the compression kernels (kernels/hca_compress.py)."""
+        cmp, state = self.pool.cmp[lid], self.pool.state[lid]
+        cos, sin = self.rope_tables(compressor.inv_freq)
+        w = compressor.norm.weight
+        kvs = cs if cs.dtype == torch.float32 and cs.is_contiguous() else cs.float().contiguous()
+        hca_compress_store(
+            cmp.pool,
+            cmp.geom,
+            kvs,
+            state,
+            compressor.ape.float().contiguous(),
+            w.float().contiguous(),
+            compressor.eps,
+            cos,
+            sin,
+            *meta.jobs,
+        )
+        hca_state_update(state, kvs, meta.tok_pos, meta.st_req, meta.st_seq, ratio=self.ratio)
+
+    def hca(self, meta: KernelMeta, q, kv, inputs: HCAInputs, layer) -> torch.Tensor:
+        """Store the window kv, compress completed blocks, attend window + compressed entries + sink.
+        q [T, h, D] (normed, roped), kv [T, D], inputs.cs [T, 2D] fp32. Returns o [T, h, D] fp32 (rope slice
+        still rotated: the layer applies the inverse RoPE)."""
+        lid = layer.layer_id
+        win, cmp = self.pool.win[lid], self.pool.cmp[lid]
+        T, h, D = q.shape
+        if T == 0:
+            return q.new_zeros(0, h, D, dtype=torch.float32)
+        kv_store(win.pool, win.geom, meta.win_loc, kv.reshape(T, -1).contiguous())
+        self.compress(meta, lid, inputs.cs, inputs.compressor)
+        qb = q.to(self.query_dtype).contiguous()
+        sink = inputs.sink.float().contiguous()
+        flashmla = LAYER_HCA in self.flashmla
+        out = torch.empty(T, h, D, dtype=torch.float32, device=q.device)
+        for ci, t0 in enumerate(range(0, T, ATTN_ROWS)):
+            t1 = min(T, t0 + ATTN_ROWS)
+            main = Scope(win.pool, win.geom, meta.win_idx[t0:t1], meta.win_len[t0:t1])
+            extra = Scope(cmp.pool, cmp.geom, meta.cmp_idx[t0:t1], meta.cmp_len[t0:t1])
+            if flashmla:
+                out[t0:t1] = _flashmla(meta, ("hca", ci), qb[t0:t1], main, extra, layer.scaling, D, sink)
+            else:
+                sparse_mqa_attention(
+                    qb[t0:t1],
+                    main,
+                    extra,
+                    sm_scale=layer.scaling,
+                    d_v=D,
+                    sink=sink,
+                    out=out[t0:t1],
+                    split_keys=self.split_keys,
+                )
+        return out
+
+    def mla(self, meta: KernelMeta, q, kc, inputs: MLAInputs, layer) -> torch.Tensor:
+        """Store [latent | k_pe] and the indexer key, then per query chunk: indexer logits over the paged
+        key pool, exact top-k (ties to the earlier position) as latent-pool slots, sparse absorbed MLA.
+        q [T, h, R + r] (= [q_nope W_uk | q_pe]), kc [T, R + r], inputs: index_q [T, nI, dI], index_w [T, nI],
+        index_k [T, dI]. Returns o_latent [T, h, R] fp32."""
+        lid = layer.layer_id
+        lat, idx = self.pool.latent[lid], self.pool.index_k[lid]
+        T, h, _ = q.shape
+        R = layer.v_head_dim
+        if T == 0:
+            return q.new_zeros(0, h, R, dtype=torch.float32)
+        kv_store(lat.pool, lat.geom, meta.loc, kc.reshape(T, -1).contiguous())
+        kv_store(idx.pool, idx.geom, meta.loc, inputs.index_k.contiguous())
+        qb = q.to(self.query_dtype).contiguous()
+        iqb = inputs.index_q.to(self.query_dtype).contiguous()
+        iw = inputs.index_w.float().contiguous()
+        flashmla = LAYER_MLA_DSA in self.flashmla
+        out = torch.empty(T, h, R, dtype=torch.float32, device=q.device)
+        for ci, (t0, t1, width) in enumerate(meta.mla_chunks):
+            req, pos = meta.tok_req[t0:t1], meta.tok_pos[t0:t1]
+            logits = indexer_logits(
+                iqb[t0:t1], iw[t0:t1], idx.pool, idx.geom, meta.page_table, req, pos, width
+            )
+            sel, n = indexer_topk(logits, pos, self.topk, meta.page_table, req, self.page_size)
+            del logits
+            main = Scope(lat.pool, lat.geom, sel, n)
+            if flashmla:
+                out[t0:t1] = _flashmla(meta, ("mla", ci), qb[t0:t1], main, None, layer.scaling, R, None)
+            else:
+                sparse_mqa_attention(
+                    qb[t0:t1],
+                    main,
+                    None,
+                    sm_scale=layer.scaling,
+                    d_v=R,
+                    out=out[t0:t1],
+                    split_keys=self.split_keys,
+                )
+        return out

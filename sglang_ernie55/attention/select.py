@@ -1,17 +1,18 @@
-"""Which compute serves each layer kind of the `ernie55` backend (`SGLANG_ERNIE55_ATTN_IMPL`).
+"""Which compute serves each layer kind of the `ernie55` backend (`SGLANG_ERNIE55_ATTN_IMPL`), and the
+implementation objects that run it (`build`: one `TorchPath` and / or one `KernelPath`).
 
 | value | HCA / MLA-DSA layers run on |
 | --- | --- |
-| `auto` (default) | FlashMLA's sparse decode where its geometry fits and `flash_mla` imports (fp8 KV, head width 512 / latent 512 + rope 64, <= 128 local heads padded to 64 / 128, CUDA), else the Triton kernels on CUDA; the torch twin on CPU and for dense (fp32 exactness) pools |
-| `torch` | the torch twin (the oracle; CPU path) |
+| `auto` (default) | FlashMLA's sparse decode where its geometry fits and `flash_mla` imports (fp8 KV, head width 512 / latent 512 + rope 64, <= 128 local heads padded to 64 / 128, CUDA), else the Triton kernels on CUDA; the torch path on CPU and for dense (fp32 exactness) pools |
+| `torch` | the torch path (`torch_path.TorchPath`; the CPU path and the kernels' oracle) |
 | `triton` | the Triton kernels (CUDA, or Triton's CPU interpreter under `TRITON_INTERPRET=1`) |
 | `flashmla` | FlashMLA for the attention; cache stores, compression and the indexer on the Triton kernels |
 
 A forced choice that cannot serve a layer kind raises `ValueError` naming the kind, the reason and the legal
 values. Under SGLang's `--enable-deterministic-inference` only the Triton kernels serve on CUDA, in their
 batch-invariant mode (fixed key splits, kernels/sparse_attn.py `split_keys`): `auto` skips FlashMLA (its tile
-scheduler splits keys by the batch's shape) and a forced `flashmla` or `torch` (the twin's reductions follow
-the batch's widths) is refused; on CPU the twin serves with a warning (nothing there is batch invariant). Cache stores, block compression and the lightning indexer run on the Triton kernels in both
+scheduler splits keys by the batch's shape) and a forced `flashmla` or `torch` (the torch path's reductions follow
+the batch's widths) is refused; on CPU the torch path serves with a warning (nothing there is batch invariant). Cache stores, block compression and the lightning indexer run on the Triton kernels in both
 kernel modes (FlashMLA has no such kernels). `flash_mla` is imported lazily (it does not import on CPU).
 """
 
@@ -25,7 +26,6 @@ from ..configuration import LAYER_HCA, LAYER_MLA_DSA
 logger = logging.getLogger(__name__)
 
 TORCH, TRITON, FLASHMLA = "torch", "triton", "flashmla"
-FLASHMLA_HEADS = (64, 128)  # FlashMLA's sparse decode: q heads (after padding)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,6 +80,7 @@ def flashmla_unfit(kind: str, cfg, pool, layer_id: int, heads: int) -> str:
     import torch
 
     from ..kernels.layout import KVLayout
+    from .kernel_path import FLASHMLA_HEADS
 
     why = triton_unfit(kind, cfg, pool, layer_id)  # the stores / compression / indexer stay on Triton
     if why:
@@ -142,25 +143,33 @@ def choose(
 
 
 def _choose_deterministic(requested: str, kind: str, cfg, pool, layer_id: int) -> Choice:
-    """--enable-deterministic-inference: the Triton kernels with fixed key splits, or (CPU only) the twin."""
+    """--enable-deterministic-inference: the Triton kernels with fixed key splits, or (CPU only) the torch path."""
     import torch
 
     on_cuda = torch.device(pool.device).type == "cuda"
     if requested == FLASHMLA or (requested == TORCH and on_cuda):
-        why = ("FlashMLA's tile scheduler splits each query's keys by the batch's shape" if requested == FLASHMLA
-               else "the torch twin's reductions follow the batch's gather widths")  # fmt: skip
+        why = (
+            "FlashMLA's tile scheduler splits each query's keys by the batch's shape"
+            if requested == FLASHMLA
+            else "the torch path's reductions follow the batch's gather widths"
+        )
         raise ValueError(
             f"SGLANG_ERNIE55_ATTN_IMPL={requested}: {DETERMINISTIC_NOTE} and {why}; use auto or triton "
             f"(the Triton kernels with fixed key splits), or drop --enable-deterministic-inference"
         )
     if requested == TORCH or (requested == "auto" and not on_cuda):
-        logger.warning("ernie55: --enable-deterministic-inference on the torch twin (no CUDA device): %s layer "
-                       "results may still depend on the batch's composition", kind)  # fmt: skip
-        return Choice(TORCH, "deterministic inference without CUDA: the twin, not batch invariant")
+        logger.warning(
+            "ernie55: --enable-deterministic-inference on the torch path (no CUDA device): %s layer "
+            "results may still depend on the batch's composition",
+            kind,
+        )
+        return Choice(TORCH, "deterministic inference without CUDA: the torch path, not batch invariant")
     why = triton_unfit(kind, cfg, pool, layer_id)
     if why:
-        raise ValueError(f"ernie55: {DETERMINISTIC_NOTE} (the Triton kernels with fixed key splits), but they "
-                         f"cannot serve the {kind} layers: {why}")  # fmt: skip
+        raise ValueError(
+            f"ernie55: {DETERMINISTIC_NOTE} (the Triton kernels with fixed key splits), but they "
+            f"cannot serve the {kind} layers: {why}"
+        )
     return Choice(TRITON, "deterministic inference: batch-invariant key splits")
 
 
@@ -176,4 +185,25 @@ def resolve(
         c = choose(requested, kind, cfg, pool, lid, heads[kind], deterministic)
         out[kind] = c
         logger.info("ernie55 attention backend: %s layers run on %s (%s)", kind, c.impl, c.why)
+    return out
+
+
+def build(choice: dict[str, Choice], pool, req_to_token, cfg, split_keys: int | None, query_dtype) -> dict:
+    """The implementation object serving each layer kind of `choice`: one `TorchPath` for the kinds on torch,
+    one `KernelPath` for the kinds on the kernels (Triton, or FlashMLA for the attention), so that one forward
+    builds each path's metadata once for all its kinds."""
+    out: dict = {}
+    on_torch = [k for k, c in choice.items() if not c.kernels]
+    on_kernels = [k for k, c in choice.items() if c.kernels]
+    if on_torch:
+        from .torch_path import TorchPath
+
+        path = TorchPath(pool, req_to_token, cfg)
+        out.update(dict.fromkeys(on_torch, path))
+    if on_kernels:
+        from .kernel_path import KernelPath
+
+        flashmla = frozenset(k for k in on_kernels if choice[k].impl == FLASHMLA)
+        path = KernelPath(pool, req_to_token, cfg, flashmla, split_keys, query_dtype)
+        out.update(dict.fromkeys(on_kernels, path))
     return out

@@ -1,7 +1,9 @@
-"""The torch compute of the `ernie55` backend: the CPU path, the oracle of the kernels, and the fallback on
-CUDA for geometries no kernel takes. Keys are visited in chunks with an online softmax, so no tensor grows
-with the context length times the batch (a CUDA graph captured at a 1M-token context stays small); the
-DSA top-k is a running top-k over the same chunks, and a second pass attends the keys it selected.
+"""The torch compute of the `ernie55` backend: the CPU path, the kernels' oracle inside the backend, and the
+fallback on CUDA for geometries no kernel takes. `TorchPath` is the implementation the adapter drives (its
+metadata, one layer call per kind); `TorchHCA` / `TorchMLA` are the per-kind computes. Keys are visited in chunks
+with an online softmax, so no tensor grows with the context length times the batch (a CUDA graph captured at a
+1M-token context stays small); the DSA top-k is a running top-k over the same chunks, and a second pass attends
+the keys it selected.
 """
 
 from __future__ import annotations
@@ -10,7 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..reference import functional as Fn
+from ..configuration import LAYER_HCA
+from .interface import LayerInputs, TokenRows
 
 # Bytes one chunk of keys may occupy across the rows that read it (gathered rows, their byte-index tensors,
 # logits); chunk lengths follow from it.
@@ -126,9 +129,12 @@ class RunningTopK:
 
 
 def _index_scores(iq: torch.Tensor, iw: torch.Tensor, kI: torch.Tensor) -> torch.Tensor:
-    """iq [R, nI, d], iw [R, nI]; kI [R, n, d] (per row) or [n, d] -> [R, n] (`functional.indexer_scores`)."""
+    """The lightning indexer's scores sum_h w[r, h] ReLU(iq[r, h] . kI[n]): iq [R, nI, d], iw [R, nI]; kI [R, n, d]
+    (per row) or [n, d] (shared) -> [R, n] fp32."""
     if kI.dim() == 2:
-        return Fn.indexer_scores(iq, iw, kI)
+        return torch.einsum(
+            "th,ths->ts", iw.float(), torch.relu(torch.einsum("thd,sd->ths", iq.float(), kI.float()))
+        )
     return torch.einsum("rh,rhn->rn", iw.float(), torch.relu(torch.einsum("rhd,rnd->rhn", iq.float(), kI)))
 
 
@@ -299,3 +305,111 @@ class TorchMLA:
                 torch.where(mask[..., None], values, 0.0) if keys.dim() == 3 else values,
             )
         return acc.result()
+
+
+class TorchPath:
+    """The torch implementation of the layer kinds the backend gives it: per-forward metadata (the extend
+    batch's host lists, or the decode / verify width and rows per request) and one call per layer."""
+
+    def __init__(self, pool, req_to_token: torch.Tensor, cfg):
+        self.hca = TorchHCA(pool, req_to_token, cfg.window_size, cfg.compress_ratio)
+        self.mla = TorchMLA(pool, req_to_token, cfg.index_topk)
+        self.meta: ExtendMeta | DecodeMeta | None = None
+
+    # ------------------------------------------------------------------ metadata
+    def init_extend(self, fb) -> None:
+        self.meta = ExtendMeta(
+            req=fb.req_pool_indices.tolist(),
+            prefix=list(fb.extend_prefix_lens_cpu),
+            extend=list(fb.extend_seq_lens_cpu),
+        )
+
+    def init_rows(self, rows: TokenRows) -> None:
+        self.meta = DecodeMeta(rows.width, rows.per_req)
+
+    def init_graph_host(self, per_req: int, width: int) -> None:
+        """The static width (the context length) and the rows per request; the layers read the request slots
+        and positions from the runner's static buffers themselves (`_token_rows`)."""
+        self.meta = DecodeMeta(width, per_req)
+
+    def init_graph_device(self, rows: TokenRows) -> None:
+        pass  # nothing to record: every device op of this path runs inside the layers
+
+    # ------------------------------------------------------------------ layers
+    def extend(self, kind: str, q, kv, inputs: LayerInputs, layer, fb) -> torch.Tensor:
+        loc = fb.out_cache_loc
+        if kind == LAYER_HCA:
+            return self.hca.extend(
+                q,
+                kv,
+                inputs.cs,
+                inputs.compressor,
+                inputs.sink,
+                layer.scaling,
+                layer.layer_id,
+                loc,
+                self.meta,
+            )
+        return self.mla.extend(
+            q,
+            kv,
+            inputs.index_q,
+            inputs.index_w,
+            inputs.index_k,
+            layer.scaling,
+            layer.v_head_dim,
+            layer.layer_id,
+            loc,
+            self.meta,
+        )
+
+    def rows(self, kind: str, q, kv, inputs: LayerInputs, layer, fb) -> torch.Tensor:
+        loc = fb.out_cache_loc
+        req, pos = self._token_rows(fb, q.shape[0])
+        width = self.meta.width
+        if kind == LAYER_HCA:
+            return self.hca.decode(
+                q,
+                kv,
+                inputs.cs,
+                inputs.compressor,
+                inputs.sink,
+                layer.scaling,
+                layer.layer_id,
+                loc,
+                req,
+                pos,
+                width,
+            )
+        return self.mla.decode(
+            q,
+            kv,
+            inputs.index_q,
+            inputs.index_w,
+            inputs.index_k,
+            layer.scaling,
+            layer.v_head_dim,
+            layer.layer_id,
+            loc,
+            req,
+            pos,
+            width,
+        )
+
+    def _token_rows(self, fb, T: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(request slot, position) of each of the T query rows: DECODE has one row per request at
+        seq_len - 1; TARGET_VERIFY has T / bs rows per request at seq_len .. seq_len + T / bs - 1 (SGLang's
+        seq_lens exclude the verified tokens). Device ops on the batch's tensors, computed in the layer (so a
+        CUDA graph records them), no host sync."""
+        req, L = fb.req_pool_indices, fb.seq_lens
+        if not fb.forward_mode.is_target_verify():
+            return req, L - 1
+        bs = req.shape[0]
+        k = T // max(bs, 1)
+        if k * bs != T or k != self.meta.per_req:
+            raise ValueError(
+                f"ernie55 backend: TARGET_VERIFY with {T} rows for {bs} requests, expected "
+                f"{self.meta.per_req} rows each"
+            )
+        off = torch.arange(k, device=L.device, dtype=L.dtype)
+        return req.repeat_interleave(k), (L[:, None] + off[None, :]).reshape(-1)

@@ -1,29 +1,11 @@
-"""ERNIE-5.5 attention layers for SGLang: HCA and MLA-DSA, both through `RadixAttention`.
-
-The projections live here; the cache reads/writes, block compression and the attention itself live
-in the `ernie55` backend (`sglang_ernie55.attention`), which the layer reaches through
-`RadixAttention.forward(..., **kwargs)` with these keyword arguments:
-
-- HCA: `ernie_kind="hca"`, `cs` [T, 2D] fp32 (compressor values | scores), `compressor` (this
-  layer's `Compressor`, whose `compress(rows, block_idx)` turns complete blocks into entries),
-  `attn_sink` [h]; q [T, h, D] fp32, k = v = kv [T, D] fp32. Returns o [T, h, D] fp32.
-- MLA-DSA (absorbed): `ernie_kind="mla"`, `index_q` [T, nI, dI], `index_w` [T, nI], `index_k`
-  [T, dI] (fp32); q = [q_nope W_uk | q_pe] [T, h, r + dr], k = [latent | k_pe] [T, r + dr],
-  v = latent [T, r]. Returns o_latent [T, h, r] fp32.
-
-Heads (and HCA output groups with them) are sharded over the attention TP group; the indexer is
-replicated, as in SGLang's DeepSeek-V3.2.
-
-Per-layer compute outside the backend (SGLANG_ERNIE55_LAYER_IMPL, `layers.impl`): the fp32 RMSNorms and
-RoPE run on the Triton kernels (`kernels.norm`, `kernels.rope`, in place, cos / sin rows computed once
-per forward in `RopePositions` and shared by every layer) or on the reference's torch math. The grouped
-`wo_a` and the absorbed `kv_b_proj` contractions run in the weight's own dtype (fp32 accumulation; no
-per-step fp32 copy of the weight): bit-identical for fp32 weights, bf16 operand rounding for bf16 ones.
+"""ERNIE-5.5 attention layers for SGLang: HCA and MLA-DSA, both through `RadixAttention`. The projections live
+here; the cache, block compression and the attention itself live in the `ernie55` backend
+(`sglang_ernie55.attention`), which takes the layer kind from the config and the layer's other inputs as the one
+keyword `ernie_inputs` (`HCAInputs` / `MLAInputs`, sglang_ernie55.attention.interface). Heads (and HCA output
+groups) shard over the attention TP group; the indexer is replicated, as in SGLang's DeepSeek-V3.2.
 """
 
 from __future__ import annotations
-
-import dataclasses
 
 import torch
 import torch.nn.functional as F
@@ -33,16 +15,22 @@ from sglang.srt.layers.radix_attention import RadixAttention
 from sglang.srt.runtime_context import get_parallel
 from torch import nn
 
-from ..reference import functional as Fn
-from ..reference.rope import (
-    apply_rope_half,
-    apply_rope_interleaved,
-    cos_sin,
-    mla_softmax_scale,
-    yarn_inv_freq,
-)
+from ..attention.interface import HCAInputs, MLAInputs
 from .impl import use_kernels
 from .linear import linear_quant_config
+from .rope import RopePositions, RopeTable, mla_softmax_scale
+
+# RopeTable / RopePositions live in layers.rope; the model reaches them through this module too
+__all__ = [
+    "Compressor",
+    "Ernie55HCAAttention",
+    "Ernie55MLADSAAttention",
+    "Indexer",
+    "RopePositions",
+    "RopeTable",
+    "norm_fp32",
+    "rms_norm_fp32",
+]
 
 # Heads, HCA output groups and their projections shard over SGLang's attention-TP group (tp / attn_dp / attn_cp;
 # the whole TP group while attention DP / CP are refused, models.ernie55.check_parallel_layout), whose row-parallel
@@ -67,8 +55,15 @@ def _sharded_loader(dim: int):
     return load
 
 
+def rms_norm_torch(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """RMSNorm of the last dim in fp32 torch (weight None: weightless); returns fp32."""
+    xf = x.float()
+    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return y * weight.float() if weight is not None else y
+
+
 def norm_fp32(norm: RMSNorm, x: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
-    """SGLang RMSNorm computed in fp32 on an fp32 (or any) input (the reference's math); returns fp32, or
+    """SGLang RMSNorm computed in fp32 on an fp32 (or any) input; returns fp32, or
     `out_dtype` (one rounding of the fp32 result). Kernels: `kernels.norm.rms_norm` (one launch)."""
     return rms_norm_fp32(x, norm.weight, norm.variance_epsilon, out_dtype, norm)
 
@@ -79,74 +74,8 @@ def rms_norm_fp32(x: torch.Tensor, weight, eps: float, out_dtype: torch.dtype | 
         from ..kernels.norm import rms_norm
 
         return rms_norm(x, weight, eps, out_dtype)
-    y = norm.forward_native(x.float()) if norm is not None else Fn.rms_norm(x, weight, eps)
+    y = norm.forward_native(x.float()) if norm is not None else rms_norm_torch(x, weight, eps)
     return y if out_dtype is None else y.to(out_dtype)
-
-
-@dataclasses.dataclass
-class RopePositions:
-    """One forward's positions [T], with the cos / sin rows [T, rope / 2] (fp32) of those positions when the
-    kernels rotate (computed once per forward, shared by every layer; fixed shapes, graph-safe)."""
-
-    positions: torch.Tensor
-    cos: torch.Tensor | None = None
-    sin: torch.Tensor | None = None
-
-
-class RopeTable(nn.Module):
-    """One YaRN inverse-frequency table shared by every layer (ARCHITECTURE.md convention 2)."""
-
-    def __init__(self, config):
-        super().__init__()
-        inv = yarn_inv_freq(config.qk_rope_head_dim, config.rope_theta, config.rope_scaling)
-        self.register_buffer("inv_freq", inv, persistent=False)
-        self.rope_dim = config.qk_rope_head_dim
-
-    def at(self, positions) -> RopePositions:
-        """The forward's `RopePositions` (a `RopePositions` passes through). On the kernels the cos / sin rows
-        are the reference's own `cos_sin(positions, inv_freq)` values (float64 angles), computed here once."""
-        if isinstance(positions, RopePositions):
-            return positions
-        if use_kernels(positions):
-            c, s = cos_sin(positions, self.inv_freq)
-            return RopePositions(positions, c.contiguous(), s.contiguous())
-        return RopePositions(positions)
-
-    def interleaved(self, x: torch.Tensor, pos: torch.Tensor, inverse: bool = False) -> torch.Tensor:
-        return apply_rope_interleaved(x, pos, self.inv_freq, inverse=inverse)
-
-    def half(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        return apply_rope_half(x, pos, self.inv_freq)
-
-    def tail_(self, x: torch.Tensor, rp: RopePositions, inverse: bool = False) -> torch.Tensor:
-        """Interleaved RoPE on the last rope_dim dims of x [T, h, D] or [T, D]. Kernels: in place on x (which
-        must be a tensor the caller owns, last dim contiguous), returns x; torch: returns a new tensor."""
-        if rp.cos is not None and x.stride(-1) == 1:
-            from ..kernels.rope import rope_
-
-            rope_(x if x.dim() == 3 else x.unsqueeze(1), None, rp.cos, rp.sin, inverse)
-            return x
-        r = self.rope_dim
-        return torch.cat([x[..., :-r], self.interleaved(x[..., -r:], rp.positions, inverse)], dim=-1)
-
-    def rotated_tail(self, x: torch.Tensor, rp: RopePositions) -> torch.Tensor:
-        """The last rope_dim dims of x, rotated (interleaved). Kernels: rotated in place inside x (a tensor the
-        caller owns) and returned as a view of it; torch: a new tensor (x untouched)."""
-        r = self.rope_dim
-        if rp.cos is not None and x.stride(-1) == 1:
-            return self.tail_(x, rp)[..., -r:]
-        return self.interleaved(x[..., -r:], rp.positions)
-
-    def head_half_(self, x: torch.Tensor, rp: RopePositions) -> torch.Tensor:
-        """Rotate-half RoPE on the first rope_dim dims of x [T, h, D] or [T, D] (the indexer); in place on the
-        kernels, like `tail_`."""
-        if rp.cos is not None and x.stride(-1) == 1:
-            from ..kernels.rope import rope_
-
-            rope_(x if x.dim() == 3 else x.unsqueeze(1), None, rp.cos, rp.sin, neox=True, start=0)
-            return x
-        r = self.rope_dim
-        return torch.cat([self.half(x[..., :r], rp.positions), x[..., r:]], dim=-1)
 
 
 class Compressor(nn.Module):
@@ -161,8 +90,13 @@ class Compressor(nn.Module):
             config.qk_rope_head_dim,
             config.rms_norm_eps,
         )
-        self.wkv_gate = ReplicatedLinear(H, 2 * D, bias=False, quant_config=linear_quant_config(quant_config, H, 2 * D),
-                                         prefix=_add_prefix("wkv_gate", prefix))  # fmt: skip
+        self.wkv_gate = ReplicatedLinear(
+            H,
+            2 * D,
+            bias=False,
+            quant_config=linear_quant_config(quant_config, H, 2 * D),
+            prefix=_add_prefix("wkv_gate", prefix),
+        )
         self.ape = nn.Parameter(torch.empty(self.ratio, D, dtype=torch.float32), requires_grad=False)
         self.norm = RMSNorm(D, eps=config.rms_norm_eps)
         self._rope = [rope]  # not a submodule: the table is owned by the model
@@ -182,7 +116,7 @@ class Compressor(nn.Module):
         RMSNorm, RoPE (interleaved) on the last dims at position ratio * block_idx."""
         c, s = rows[..., : self.D], rows[..., self.D :]
         w = torch.softmax(s + self.ape, dim=1)  # ape: fp32 [ratio, D] parameter
-        e = Fn.rms_norm((w * c).sum(1), self.norm.weight, self.eps)
+        e = rms_norm_torch((w * c).sum(1), self.norm.weight, self.eps)
         r = self.rope_dim
         return torch.cat([e[:, :-r], self._rope[0].interleaved(e[:, -r:], block_idx * self.ratio)], dim=-1)
 
@@ -209,16 +143,18 @@ class Ernie55HCAAttention(nn.Module):
         self.wkv = ReplicatedLinear(H, D, bias=False, quant_config=lq(H, D), prefix=p("wkv"))
         self.kv_norm = RMSNorm(D, eps=config.rms_norm_eps)
         # Grouped einsum (not a plain GEMM): kept unquantized, FP8 checkpoints are dequantized on load.
-        self.wo_a = ColumnParallelLinear(h // G * D, G * ol, bias=False, quant_config=None, parallel_group=ATTN_TP,
-                                         prefix=p("wo_a"))  # fmt: skip
+        self.wo_a = ColumnParallelLinear(
+            h // G * D, G * ol, bias=False, quant_config=None, parallel_group=ATTN_TP, prefix=p("wo_a")
+        )
         self.wo_b = RowParallelLinear(
             G * ol, H, bias=False, quant_config=lq(G * ol // tp, H), parallel_group=ATTN_TP, prefix=p("wo_b")
         )
         self.attn_sink = nn.Parameter(torch.empty(self.h, dtype=torch.float32), requires_grad=False)
         self.attn_sink.weight_loader = _sharded_loader(0)
         self.compressor = Compressor(config, rope, quant_config, p("compressor"))
-        self.attn = RadixAttention(self.h, D, scaling=D**-0.5, num_kv_heads=1, layer_id=layer_id, v_head_dim=D,
-                                   prefix=p("attn"))  # fmt: skip
+        self.attn = RadixAttention(
+            self.h, D, scaling=D**-0.5, num_kv_heads=1, layer_id=layer_id, v_head_dim=D, prefix=p("attn")
+        )
         self._rope = [rope]
 
     def forward(self, x: torch.Tensor, positions, forward_batch) -> torch.Tensor:
@@ -229,8 +165,7 @@ class Ernie55HCAAttention(nn.Module):
         q = rope.tail_(rms_norm_fp32(q, None, self.eps), rp)  # weightless per-head norm (fp32, a new tensor)
         kv = rope.tail_(norm_fp32(self.kv_norm, self.wkv(x)[0]), rp)
         cs = self.compressor.project(x)
-        o = self.attn(q, kv, kv, forward_batch, ernie_kind="hca", cs=cs, compressor=self.compressor,
-                      attn_sink=self.attn_sink)  # fmt: skip
+        o = self.attn(q, kv, kv, forward_batch, ernie_inputs=HCAInputs(cs, self.compressor, self.attn_sink))
         o = o.view(T, self.h, self.D)
         o = rope.tail_(
             o if o.dtype == torch.float32 else o.float(), rp, inverse=True
@@ -251,8 +186,13 @@ class Ernie55MLADSAAttention(nn.Module):
         tp = get_parallel().attn_tp_size  # attention TP (= --tp unless attention DP / CP)
         if h % tp:
             raise ValueError(f"MLA-DSA: attention TP {tp} must divide num_attention_heads {h}")
-        self.h, self.dn, self.dr, self.dv, self.r = (h // tp, config.qk_nope_head_dim, config.qk_rope_head_dim,
-                                                     config.v_head_dim, config.kv_lora_rank)  # fmt: skip
+        self.h, self.dn, self.dr, self.dv, self.r = (
+            h // tp,
+            config.qk_nope_head_dim,
+            config.qk_rope_head_dim,
+            config.v_head_dim,
+            config.kv_lora_rank,
+        )
         self.nI, self.dI, self.eps = config.index_n_heads, config.index_head_dim, config.rms_norm_eps
         ql = config.q_lora_rank
         lq = lambda i, o: linear_quant_config(quant_config, i, o)  # noqa: E731
@@ -260,20 +200,50 @@ class Ernie55MLADSAAttention(nn.Module):
         qk = self.dn + self.dr
         self.q_a_proj = ReplicatedLinear(H, ql, bias=False, quant_config=lq(H, ql), prefix=p("q_a_proj"))
         self.q_a_layernorm = RMSNorm(ql, eps=config.rms_norm_eps)
-        self.q_b_proj = ColumnParallelLinear(ql, h * qk, bias=False, quant_config=lq(ql, h * qk // tp),
-                                             parallel_group=ATTN_TP, prefix=p("q_b_proj"))  # fmt: skip
-        self.kv_a_proj_with_mqa = ReplicatedLinear(H, self.r + self.dr, bias=False,
-                                                   quant_config=lq(H, self.r + self.dr), prefix=p("kv_a_proj_with_mqa"))  # fmt: skip
+        self.q_b_proj = ColumnParallelLinear(
+            ql,
+            h * qk,
+            bias=False,
+            quant_config=lq(ql, h * qk // tp),
+            parallel_group=ATTN_TP,
+            prefix=p("q_b_proj"),
+        )
+        self.kv_a_proj_with_mqa = ReplicatedLinear(
+            H,
+            self.r + self.dr,
+            bias=False,
+            quant_config=lq(H, self.r + self.dr),
+            prefix=p("kv_a_proj_with_mqa"),
+        )
         self.kv_a_layernorm = RMSNorm(self.r, eps=config.rms_norm_eps)
         # Absorbed into the query (W_uk) and the output (W_uv): kept unquantized, dequantized on load.
-        self.kv_b_proj = ColumnParallelLinear(self.r, h * (self.dn + self.dv), bias=False, quant_config=None,
-                                              parallel_group=ATTN_TP, prefix=p("kv_b_proj"))  # fmt: skip
-        self.o_proj = RowParallelLinear(h * self.dv, H, bias=False, quant_config=lq(h * self.dv // tp, H),
-                                        parallel_group=ATTN_TP, prefix=p("o_proj"))  # fmt: skip
+        self.kv_b_proj = ColumnParallelLinear(
+            self.r,
+            h * (self.dn + self.dv),
+            bias=False,
+            quant_config=None,
+            parallel_group=ATTN_TP,
+            prefix=p("kv_b_proj"),
+        )
+        self.o_proj = RowParallelLinear(
+            h * self.dv,
+            H,
+            bias=False,
+            quant_config=lq(h * self.dv // tp, H),
+            parallel_group=ATTN_TP,
+            prefix=p("o_proj"),
+        )
         self.indexer = Indexer(config, quant_config, p("indexer"))
         self.scale = mla_softmax_scale(qk, config.rope_scaling)
-        self.attn = RadixAttention(self.h, self.r + self.dr, scaling=self.scale, num_kv_heads=1, layer_id=layer_id,
-                                   v_head_dim=self.r, prefix=p("attn"))  # fmt: skip
+        self.attn = RadixAttention(
+            self.h,
+            self.r + self.dr,
+            scaling=self.scale,
+            num_kv_heads=1,
+            layer_id=layer_id,
+            v_head_dim=self.r,
+            prefix=p("attn"),
+        )
         self._rope = [rope]
 
     def forward(self, x: torch.Tensor, positions, forward_batch) -> torch.Tensor:
@@ -290,8 +260,13 @@ class Ernie55MLADSAAttention(nn.Module):
         w = self.kv_b_proj.weight.view(self.h, self.dn + self.dv, self.r)
         q_abs = torch.einsum("thd,hdr->thr", q[..., : self.dn].to(w.dtype), w[:, : self.dn])
         iq, iw, ik = self.indexer(x, q_lat, rp, rope)
-        o_lat = self.attn(torch.cat([q_abs, q_pe], -1), torch.cat([latent, k_pe], -1), latent, forward_batch,
-                          ernie_kind="mla", index_q=iq, index_w=iw, index_k=ik)  # fmt: skip
+        o_lat = self.attn(
+            torch.cat([q_abs, q_pe], -1),
+            torch.cat([latent, k_pe], -1),
+            latent,
+            forward_batch,
+            ernie_inputs=MLAInputs(iq, iw, ik),
+        )
         o = torch.einsum("thr,hdr->thd", o_lat.view(T, self.h, self.r).to(w.dtype), w[:, self.dn :])
         return self.o_proj(o.reshape(T, self.h * self.dv).to(x.dtype))[0]
 
@@ -305,8 +280,9 @@ class Indexer(nn.Module):
         self.n, self.d, self.dr = config.index_n_heads, config.index_head_dim, config.qk_rope_head_dim
         lq = lambda i, o: linear_quant_config(quant_config, i, o)  # noqa: E731
         p = lambda n: _add_prefix(n, prefix)  # noqa: E731
-        self.wq_b = ReplicatedLinear(ql, self.n * self.d, bias=False, quant_config=lq(ql, self.n * self.d),
-                                     prefix=p("wq_b"))  # fmt: skip
+        self.wq_b = ReplicatedLinear(
+            ql, self.n * self.d, bias=False, quant_config=lq(ql, self.n * self.d), prefix=p("wq_b")
+        )
         self.wk = ReplicatedLinear(H, self.d, bias=False, quant_config=lq(H, self.d), prefix=p("wk"))
         # fp32 parameters (loaded exactly from BF16 / FP32 checkpoints): the fp32 LayerNorm needs no per-step cast
         self.k_norm = nn.LayerNorm(self.d, eps=config.rms_norm_eps, dtype=torch.float32)
@@ -320,8 +296,13 @@ class Indexer(nn.Module):
         T = x.shape[0]
         rp = rope.at(positions)
         q = rope.head_half_(self.wq_b(q_lat)[0].view(T, self.n, self.d).float(), rp)
-        k = F.layer_norm(self.wk(x)[0].float(), (self.d,), self.k_norm.weight.float(), self.k_norm.bias.float(),
-                         self.k_norm.eps)  # fmt: skip
+        k = F.layer_norm(
+            self.wk(x)[0].float(),
+            (self.d,),
+            self.k_norm.weight.float(),
+            self.k_norm.bias.float(),
+            self.k_norm.eps,
+        )
         k = rope.head_half_(k, rp)
         w = self.weights_proj(x)[0].float() * (self.n**-0.5 * self.d**-0.5)
         return q, w, k

@@ -14,7 +14,7 @@ twin's: attention outputs to a tolerance per dtype and device, window / latent /
 open-block state byte for byte, compressed entries by value (each compute rounds its own fp32 entry).
 Batches between compared ones run on the twin only (the interpreter is slow).
 
-model: the tiny SGLang model end to end (layers -> backend kwargs -> kernels) on the kernel path vs the
+model: the tiny SGLang model end to end (layers -> backend inputs -> kernels) on the kernel path vs the
 twin (bf16 KV pool), logits of a chunked prefill crossing the block boundary and decode steps.
 """
 
@@ -85,8 +85,8 @@ class Layers:
     `hca` / `mla` None where the geometry has no layer of that kind."""
 
     def __init__(self, cfg, device, seed: int = 0):
-        from sglang_ernie55.layers.attention import Compressor, RopeTable
-        from sglang_ernie55.reference.rope import mla_softmax_scale
+        from sglang_ernie55.layers.attention import Compressor
+        from sglang_ernie55.layers.rope import RopeTable, mla_softmax_scale
 
         g = torch.Generator().manual_seed(seed)
         self.rope = RopeTable(cfg).to(device)
@@ -131,12 +131,23 @@ def run_batch(be, layers, fb, x, decode: bool, graph: bool = False) -> dict:
     fwd = be.forward_decode if decode else be.forward_extend
     out = {}
     if layers.hca is not None:
-        out["hca"] = fwd(x["q"], x["kv"], x["kv"], layers.hca, fb, ernie_kind="hca", cs=x["cs"],
-                         compressor=layers.compressor, attn_sink=layers.sink).float()  # fmt: skip
+        out["hca"] = fwd(x["q"], x["kv"], x["kv"], layers.hca, fb, ernie_inputs=hca_inputs(layers, x)).float()
     if layers.mla is not None:
-        out["mla"] = fwd(x["mq"], x["kc"], x["kc"][:, : layers.mla.v_head_dim], layers.mla, fb, ernie_kind="mla",
-                         index_q=x["iq"], index_w=x["iw"], index_k=x["ik"]).float()  # fmt: skip
+        v = x["kc"][:, : layers.mla.v_head_dim]
+        out["mla"] = fwd(x["mq"], x["kc"], v, layers.mla, fb, ernie_inputs=mla_inputs(x)).float()
     return out
+
+
+def hca_inputs(layers, x):
+    from sglang_ernie55.attention.interface import HCAInputs
+
+    return HCAInputs(x["cs"], layers.compressor, layers.sink)
+
+
+def mla_inputs(x):
+    from sglang_ernie55.attention.interface import MLAInputs
+
+    return MLAInputs(x["iq"], x["iw"], x["ik"])
 
 
 def pool_buffers(pool) -> dict[str, torch.Tensor]:
@@ -163,7 +174,9 @@ def _fb(mode, loc, req, seq, prefix=None, ext=None, draft_tokens: int | None = N
 
     dev = loc.device
     seq_t = torch.tensor(seq, device=dev)
-    fm = {"decode": ForwardMode.DECODE, "extend": ForwardMode.EXTEND, "verify": ForwardMode.TARGET_VERIFY}[mode]
+    fm = {"decode": ForwardMode.DECODE, "extend": ForwardMode.EXTEND, "verify": ForwardMode.TARGET_VERIFY}[
+        mode
+    ]
     return SimpleNamespace(
         forward_mode=fm, out_cache_loc=loc,
         req_pool_indices=torch.tensor(req, device=dev), seq_lens=seq_t, seq_lens_cpu=seq_t.cpu(),
@@ -183,7 +196,7 @@ def compare(cfg, pool, got: dict, want: dict, snap_g: dict, snap_w: dict, kv: st
     """Outputs within tolerance; window / latent / indexer rows and the open-block state rows equal (the rows
     a later batch can read: those of every live request's last ring // ratio blocks); compressed entries
     close."""
-    from sglang_ernie55.reference import kernels_ref as kref
+    from sglang_ernie55.kernels import torch_twin as kref
 
     rep = {}
     for k in want:
@@ -191,7 +204,9 @@ def compare(cfg, pool, got: dict, want: dict, snap_g: dict, snap_w: dict, kv: st
         err = float((got[k] - want[k]).abs().max())
         rep[f"{k}_max_abs"], rep[f"{k}_scale"] = err, scale
         assert torch.isfinite(got[k]).all(), f"{tag}: {k} output not finite"
-        assert err <= _tol(kv, device) * scale, f"{tag}: {k} output max |diff| {err} > {_tol(kv, device)} x {scale}"
+        assert err <= _tol(kv, device) * scale, (
+            f"{tag}: {k} output max |diff| {err} > {_tol(kv, device)} x {scale}"
+        )
     for name in snap_w:
         a, b = snap_g[name], snap_w[name]
         if name.startswith("cmp"):
@@ -200,7 +215,9 @@ def compare(cfg, pool, got: dict, want: dict, snap_g: dict, snap_w: dict, kv: st
             da, db = kref.pool_gather(a, g, slots), kref.pool_gather(b, g, slots)
             err = float((da - db).abs().max())
             rep[f"{name}_max_abs"] = err
-            rep[f"{name}_bytes_equal"] = float((a[:-1] == b[:-1]).float().mean())  # last page: the scratch row
+            rep[f"{name}_bytes_equal"] = float(
+                (a[:-1] == b[:-1]).float().mean()
+            )  # last page: the scratch row
             tol = 0.13 if kv == "fp8_e4m3" else 8e-3  # one e4m3 / bf16 rounding step of |entry| ~ 1
             assert err <= tol * float(db.abs().max()), f"{tag}: compressed entries differ by {err}"
         elif name.startswith("state"):
@@ -208,7 +225,9 @@ def compare(cfg, pool, got: dict, want: dict, snap_g: dict, snap_w: dict, kv: st
             for req, n in enumerate(lens):
                 first = max(0, ratio * (n // ratio - ring // ratio + 1))
                 rows = torch.arange(first, n, device=a.device) % ring
-                assert torch.equal(a[req, rows], b[req, rows]), f"{tag}: {name} open-block rows of slot {req} differ"
+                assert torch.equal(a[req, rows], b[req, rows]), (
+                    f"{tag}: {name} open-block rows of slot {req} differ"
+                )
         else:
             # page 0 is SGLang's padding page: every padded CUDA-graph row writes its rows there (a padded
             # verify request writes S+1 rows to the same slot: which one lands is the GPU's order, seen on
@@ -301,7 +320,9 @@ class BackendRun:
             want = {k: v[:real] for k, v in want.items()}
             res = {i: ({k: v[:real] for k, v in o.items()}, sn) for i, (o, sn) in res.items()}
         self.report["steps"][tag] = {
-            impl: compare(self.cfg, pool, out, want, snap, snap_w, kv, device, f"{tag}/{impl}", self.slots.lens)
+            impl: compare(
+                self.cfg, pool, out, want, snap, snap_w, kv, device, f"{tag}/{impl}", self.slots.lens
+            )
             for impl, (out, snap) in res.items()
         }
 
@@ -366,7 +387,9 @@ def run_backend(kv: str, device: str = "cpu", geometry: str = "tiny", impls=("tr
     return r.report
 
 
-def run_backend_verify(kv: str, device: str = "cpu", geometry: str = "tiny", impls=("triton",), k: int = 4) -> dict:
+def run_backend_verify(
+    kv: str, device: str = "cpu", geometry: str = "tiny", impls=("triton",), k: int = 4
+) -> dict:
     """Speculative verify (TARGET_VERIFY, k = S+1 rows per request) on the two-block state ring: a verify
     whose rows cross a compression block (and a page), drafts rejected, the next verify over the same
     slots, then the graph form with a padded request; kernel path vs twin."""
@@ -416,17 +439,26 @@ def run_backend_swa(kv: str, device: str = "cpu", geometry: str = "tiny", impls=
 def rounded_twin_cls():
     """The twin fed exactly the bf16-rounded query tensors the kernel path hands its kernels (the HCA q,
     the MLA q = [q_nope W_uk | q_pe] and the indexer query): the kernel path's like-for-like oracle."""
-    from sglang_ernie55.attention.backend import Ernie55AttnBackend
+    import dataclasses
 
-    def rounded(kw):
-        return {k: (_bf16(v) if k == "index_q" else v) for k, v in kw.items()}
+    from sglang_ernie55.attention.backend import Ernie55AttnBackend
+    from sglang_ernie55.attention.interface import MLAInputs
+
+    def rounded(inputs):
+        if isinstance(inputs, MLAInputs):
+            return dataclasses.replace(inputs, index_q=_bf16(inputs.index_q))
+        return inputs
 
     class RoundedTwin(Ernie55AttnBackend):
-        def forward_extend(self, q, k, v, layer, fb, save_kv_cache=True, **kw):
-            return super().forward_extend(_bf16(q), k, v, layer, fb, save_kv_cache, **rounded(kw))
+        def forward_extend(self, q, k, v, layer, fb, save_kv_cache=True, *, ernie_inputs):
+            return super().forward_extend(
+                _bf16(q), k, v, layer, fb, save_kv_cache, ernie_inputs=rounded(ernie_inputs)
+            )
 
-        def forward_decode(self, q, k, v, layer, fb, save_kv_cache=True, **kw):
-            return super().forward_decode(_bf16(q), k, v, layer, fb, save_kv_cache, **rounded(kw))
+        def forward_decode(self, q, k, v, layer, fb, save_kv_cache=True, *, ernie_inputs):
+            return super().forward_decode(
+                _bf16(q), k, v, layer, fb, save_kv_cache, ernie_inputs=rounded(ernie_inputs)
+            )
 
     return RoundedTwin
 
@@ -472,7 +504,9 @@ def run_model(kv: str = "bfloat16", device: str = "cpu") -> dict:
     return rep
 
 
-def run_graph(kv: str, device: str = "cuda", geometry: str = "full", impls=("triton",), steps: int = 3) -> dict:
+def run_graph(
+    kv: str, device: str = "cuda", geometry: str = "full", impls=("triton",), steps: int = 3
+) -> dict:
     """Decode under a real CUDA graph: the backend's out-of-graph / in-graph metadata calls and both layers
     captured once on static buffers (3 live requests + 1 padded row), replayed `steps` times with new
     tokens (one completes a block) against eager kernel-path and twin decodes of the same batch."""
@@ -501,7 +535,12 @@ def run_graph(kv: str, device: str = "cuda", geometry: str = "full", impls=("tri
                              loc=torch.zeros(B, dtype=torch.int64, device=device))  # fmt: skip
     xs = make_inputs(cfg, B, g, device)
     fb_s = _fb("decode", static.loc, [1, 2, 3, 0], [1] * B)
-    fb_s.req_pool_indices, fb_s.seq_lens, fb_s.out_cache_loc, fb_s.seq_lens_cpu = static.req, static.seq, static.loc, None
+    fb_s.req_pool_indices, fb_s.seq_lens, fb_s.out_cache_loc, fb_s.seq_lens_cpu = (
+        static.req,
+        static.seq,
+        static.loc,
+        None,
+    )
     report: dict = {"kv": kv, "geometry": geometry, "steps": []}
     graphs = {}
     for impl in impls:
@@ -512,10 +551,11 @@ def run_graph(kv: str, device: str = "cuda", geometry: str = "full", impls=("tri
 
         def captured(be=be):
             be.init_forward_metadata_in_graph(fb_s)
-            o_h = be.forward_decode(xs["q"], xs["kv"], xs["kv"], layers.hca, fb_s, ernie_kind="hca", cs=xs["cs"],
-                                    compressor=layers.compressor, attn_sink=layers.sink)  # fmt: skip
-            o_m = be.forward_decode(xs["mq"], xs["kc"], xs["kc"][:, : layers.mla.v_head_dim], layers.mla, fb_s,
-                                    ernie_kind="mla", index_q=xs["iq"], index_w=xs["iw"], index_k=xs["ik"])  # fmt: skip
+            o_h = be.forward_decode(
+                xs["q"], xs["kv"], xs["kv"], layers.hca, fb_s, ernie_inputs=hca_inputs(layers, xs)
+            )
+            v = xs["kc"][:, : layers.mla.v_head_dim]
+            o_m = be.forward_decode(xs["mq"], xs["kc"], v, layers.mla, fb_s, ernie_inputs=mla_inputs(xs))
             return {"hca": o_h, "mla": o_m}
 
         if device == "cpu":  # no graphs here: "replay" re-runs the captured body on the same static buffers

@@ -60,11 +60,11 @@ class StubAttention(nn.Module):
         super().__init__()
         self.seen: dict[str, torch.Tensor] = {}
 
-    def forward(self, q, k, v, forward_batch, ernie_kind: str, **kw):
+    def forward(self, q, k, v, forward_batch, ernie_inputs):
         self.seen = {"q": q, "k": k, "v": v}
-        self.seen.update({n: t for n, t in kw.items() if isinstance(t, torch.Tensor)})
+        self.seen.update({n: t for n, t in vars(ernie_inputs).items() if isinstance(t, torch.Tensor)})
         self.seen = {n: t.detach().clone().float() for n, t in self.seen.items()}
-        if ernie_kind == "hca":
+        if ernie_inputs.kind == "hca":
             return q.float() / 2 + k.float()[:, None, :]
         r = v.shape[-1]
         return q.float()[..., :r] / 2 + v.float()[:, None, :]

@@ -46,6 +46,11 @@ def _backend(
     return Ernie55AttnBackend(runner, impl=impl, deterministic=deterministic), r2t
 
 
+def _kernel_path(be, r2t) -> kp.KernelPath:
+    """The kernel path's metadata builders over the backend's pool (they run no kernel: CPU tensors are fine)."""
+    return kp.KernelPath(be.pool, r2t, be.pool.config)
+
+
 def _fill_pages(r2t, lens, seed=0):
     """Shuffled pages per request slot, as SGLang's paged allocator leaves req_to_token."""
     g = torch.Generator().manual_seed(seed)
@@ -62,10 +67,16 @@ def _fill_pages(r2t, lens, seed=0):
 def test_auto_on_cpu_is_the_twin(caplog):
     with caplog.at_level("INFO"):
         be, _ = _backend(impl="auto")
+    from sglang_ernie55.attention.torch_path import TorchPath
+
     assert {k: c.impl for k, c in be.choice.items()} == {"hca": "torch", "mla_dsa": "torch"}
-    assert not be.kernels and be.twin
+    assert isinstance(be.impls["hca"], TorchPath) and be.impls["hca"] is be.impls["mla_dsa"]
     lines = [r.getMessage() for r in caplog.records if "ernie55 attention backend" in r.getMessage()]
-    assert len(lines) == 2 and "hca layers run on torch" in lines[0] and "mla_dsa layers run on torch" in lines[1]
+    assert (
+        len(lines) == 2
+        and "hca layers run on torch" in lines[0]
+        and "mla_dsa layers run on torch" in lines[1]
+    )
 
 
 @pytest.mark.parametrize("impl", ["triton", "flashmla"])
@@ -81,12 +92,16 @@ def test_forced_flashmla_names_the_geometry(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     be, _ = _backend(impl="triton")
     assert {c.impl for c in be.choice.values()} == {"triton"}
+    assert isinstance(be.impls["hca"], kp.KernelPath) and be.impls["hca"] is be.impls["mla_dsa"]
+    assert be.impls["hca"].flashmla == frozenset()
     with pytest.raises(ValueError, match="cannot serve the hca layers: FlashMLA runs on CUDA only"):
         _backend(impl="flashmla", kv=torch.float8_e4m3fn)
 
 
 # every row of the geometry matrix in bf16 KV, and in fp8 KV where the fp8 layouts hold it
-MATRIX_KV = [(v.name, kv) for v in VARIANTS for kv in ("bfloat16", "fp8_e4m3") if kv == "bfloat16" or not v.fp8_kv]
+MATRIX_KV = [
+    (v.name, kv) for v in VARIANTS for kv in ("bfloat16", "fp8_e4m3") if kv == "bfloat16" or not v.fp8_kv
+]
 
 
 @pytest.mark.parametrize("variant,kv", MATRIX_KV, ids=[f"{n}-{kv}" for n, kv in MATRIX_KV])
@@ -119,12 +134,13 @@ def test_deterministic_inference_selects_fixed_splits(monkeypatch, caplog):
 
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     be, _ = _backend(impl="triton", deterministic=True)
-    assert {c.impl for c in be.choice.values()} == {"triton"} and be.split_keys == DETERMINISTIC_SPLIT_KEYS
+    assert {c.impl for c in be.choice.values()} == {"triton"}
+    assert be.impls["hca"].split_keys == DETERMINISTIC_SPLIT_KEYS
     assert all("batch-invariant" in c.why for c in be.choice.values())
     be, _ = _backend(impl="triton", deterministic=False)
-    assert be.split_keys is None
+    assert be.impls["hca"].split_keys is None
     be, _ = _backend(impl="auto")  # outside a server: SGLang's runtime context is not published -> off
-    assert be.split_keys is None and not be.deterministic
+    assert not be.deterministic
     with caplog.at_level("WARNING"):
         be, _ = _backend(impl="auto", deterministic=True)  # CPU pool: the twin, said out loud
     assert {c.impl for c in be.choice.values()} == {"torch"}
@@ -150,6 +166,23 @@ def test_env_variable(monkeypatch):
     monkeypatch.setenv("SGLANG_ERNIE55_HCA_ATTN", "triton")
     with pytest.raises(ValueError, match="replaced by SGLANG_ERNIE55_ATTN_IMPL"):
         attn_impl()
+
+
+def test_layer_kind_comes_from_the_config():
+    """The backend serves a layer as config.layer_types[layer_id] says; inputs of the other kind are refused
+    (before anything is written)."""
+    from sglang_ernie55.attention.interface import HCAInputs, MLAInputs
+
+    be, _ = _backend()
+    kinds = be.pool.config.layer_types
+    t = torch.zeros(1, 1)
+    for kind, wrong in (("mla_dsa", HCAInputs(t, None, t)), ("hca", MLAInputs(t, t, t))):
+        lid = kinds.index(kind)
+        layer = SimpleNamespace(layer_id=lid, scaling=1.0, v_head_dim=1)
+        with pytest.raises(
+            TypeError, match=f"layer {lid} is a {kind} layer .*its inputs are {type(wrong).__name__}"
+        ):
+            be.forward_decode(t, t, t, layer, SimpleNamespace(), ernie_inputs=wrong)
 
 
 # ----------------------------------------------------------------------------- metadata
@@ -192,7 +225,7 @@ def test_extend_jobs_equal_the_host_planner(variant, seed):
     for r, p, e in zip(reqs, prefix, ext):
         lens[r] = p + e
     _fill_pages(r2t, lens, seed)
-    m = kp.extend_meta(be, _extend_fb(r2t, reqs, prefix, ext))
+    m = _kernel_path(be, r2t).extend_meta(_extend_fb(r2t, reqs, prefix, ext))
     seq = [p + e for p, e in zip(prefix, ext)]
     cmp = lambda i, j: int(r2t[reqs[i], ratio * j]) // ratio  # noqa: E731
     want = _job_set(plan_compress_jobs(prefix, seq, reqs, cmp, ratio=ratio))
@@ -230,9 +263,12 @@ def test_decode_graph_rows_padded_rows_write_nothing():
     fb = SimpleNamespace(forward_mode=ForwardMode.DECODE, req_pool_indices=torch.tensor([1, 2, 0]),
                          seq_lens=torch.tensor([128, 384, 128]),
                          out_cache_loc=torch.stack([r2t[1, 127], r2t[2, 383], torch.tensor(0)]).long())  # fmt: skip
-    m = kp.decode_meta(be, fb, be.max_ctx)
+    m = _kernel_path(be, r2t).fixed_meta(fb.req_pool_indices, fb.seq_lens, fb.out_cache_loc, 1, be.max_ctx)
     assert m.st_req.tolist() == [1, 2, -1]
-    assert _job_set(m.jobs) == [(1, 0, 127, 0, int(r2t[1, 0]) // 128), (2, 2, 383, 1, int(r2t[2, 256]) // 128)]
+    assert _job_set(m.jobs) == [
+        (1, 0, 127, 0, int(r2t[1, 0]) // 128),
+        (2, 2, 383, 1, int(r2t[2, 256]) // 128),
+    ]
     assert m.cmp_idx.shape == (3, -(-(2048 // 128) // 64) * 64) and m.mla_chunks == ((0, 3, 2048),)
 
 
@@ -247,7 +283,7 @@ def test_window_rows_go_through_the_pools_translation():
 
     be, r2t = _backend(pool_cls=Shifted)
     _fill_pages(r2t, [200])
-    m = kp.extend_meta(be, _extend_fb(r2t, [0], [150], [50]))
+    m = _kernel_path(be, r2t).extend_meta(_extend_fb(r2t, [0], [150], [50]))
     assert torch.equal(m.win_loc, m.loc + 7)
     assert m.win_idx[0, :128].tolist() == (r2t[0, 23:151] + 7).tolist()
     assert m.win_idx[-1].tolist() == (r2t[0, 72:200] + 7).tolist()
@@ -278,9 +314,23 @@ def test_fixed_rows_per_request_equal_the_extend_rows(k):
         lens[r] = n
     _fill_pages(r2t, lens, seed=k)
     prefix = [n - k for n in seq]
-    ext_m = kp.extend_meta(be, _extend_fb(r2t, reqs, prefix, [k] * 3))
+    path = _kernel_path(be, r2t)
+    ext_m = path.extend_meta(_extend_fb(r2t, reqs, prefix, [k] * 3))
     loc = torch.cat([r2t[r, p : p + k].long() for r, p in zip(reqs, prefix)])
-    fix_m = kp.fixed_meta(be, torch.tensor(reqs), torch.tensor(seq), loc, k, 1000)
-    for f in ("tok_req", "tok_pos", "loc", "win_loc", "win_idx", "win_len", "cmp_idx", "cmp_len", "st_req", "st_seq"):
+    fix_m = path.fixed_meta(torch.tensor(reqs), torch.tensor(seq), loc, k, 1000)
+    for f in (
+        "tok_req",
+        "tok_pos",
+        "loc",
+        "win_loc",
+        "win_idx",
+        "win_len",
+        "cmp_idx",
+        "cmp_len",
+        "st_req",
+        "st_seq",
+    ):
         assert torch.equal(getattr(fix_m, f).long(), getattr(ext_m, f).long()), f
-    assert _job_set(fix_m.jobs) == _job_set(ext_m.jobs) and len(_job_set(fix_m.jobs)) == 1 + (k >= 3)  # 384; 128
+    assert _job_set(fix_m.jobs) == _job_set(ext_m.jobs) and len(_job_set(fix_m.jobs)) == 1 + (
+        k >= 3
+    )  # 384; 128

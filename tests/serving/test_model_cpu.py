@@ -323,7 +323,7 @@ def test_model_with_layers_on_kernels_equals_reference():
     backend's torch twin over an fp32 pool: chunked prefill crossing the compression block, 3 decode steps.
     Logits = the torch layers' and the reference's to 1e-4 (fp32; measured 5e-6), same greedy token at
     every position."""
-    from test_layer_impl_cpu import run_check
+    from tests.serving.test_layer_impl_cpu import run_check
 
     rep = run_check("model", "cpu")
     print(rep)
