@@ -25,6 +25,7 @@ import sys
 
 import torch
 import triton
+from sparse_attn_dchunk import DChunk  # this folder (sys.path[0] when run as a script)
 
 from sglang_ernie55.kernels import layout as L
 from sglang_ernie55.kernels.indexer import indexer_logits, indexer_topk
@@ -168,17 +169,17 @@ def wide_sweep(kv: str, fm: bool) -> None:
 
 
 # --variants: (label, sparse_mqa_attention tuning kwargs; labels give block_h, block_n, warps, stages). "base" = the
-# kernel serving runs today (serving passes no tuning: block_n 32, 8 warps, 1 stage); "dcNN" = variant="dchunk",
-# block_d=NN at the configs where the offline sm_90 compile spills 0-12 words per thread (base: 92-408;
+# kernel serving runs today (serving passes no tuning: block_n 32, 8 warps, 1 stage); "dcNN" = split=DChunk(NN)
+# (sparse_attn_dchunk.py) at the configs where the offline sm_90 compile spills 0-12 words per thread (base: 92-408;
 # benchmarks/kernel_resources.py, docs/kernels.md).
 VARIANT_CANDIDATES = [
     ("base 64,64,8,1", dict(block_n=64)),
     ("base 64,32,8,1 (serving)", dict(block_n=32)),
-    ("dc128 64,32,8,1", dict(variant="dchunk", block_d=128, block_n=32)),
-    ("dc128 64,32,8,2", dict(variant="dchunk", block_d=128, block_n=32, num_stages=2)),
-    ("dc128 64,64,8,2", dict(variant="dchunk", block_d=128, block_n=64, num_stages=2)),
-    ("dc128 64,16,8,2", dict(variant="dchunk", block_d=128, block_n=16, num_stages=2)),
-    ("dc64 64,64,8,2", dict(variant="dchunk", block_d=64, block_n=64, num_stages=2)),
+    ("dc128 64,32,8,1", dict(split=DChunk(128), block_n=32)),
+    ("dc128 64,32,8,2", dict(split=DChunk(128), block_n=32, num_stages=2)),
+    ("dc128 64,64,8,2", dict(split=DChunk(128), block_n=64, num_stages=2)),
+    ("dc128 64,16,8,2", dict(split=DChunk(128), block_n=16, num_stages=2)),
+    ("dc64 64,64,8,2", dict(split=DChunk(64), block_n=64, num_stages=2)),
 ]
 VARIANT_QUICK = [0, 1, 2, 3, 4]  # --quick: these candidates only
 
@@ -272,7 +273,7 @@ def variants_table(args, fm: bool, bw: float, stamp: str, props) -> int:
         with open(os.path.join(args.out, "variants_table.md"), "w") as fh:
             fh.write(table + "\n")
         with open(os.path.join(args.out, "variants.json"), "w") as fh:
-            json.dump(dict(stamp=stamp, device=props.name, copy_tbs=bw, candidates=cands, rows=rows), fh)
+            json.dump(dict(stamp=stamp, device=props.name, copy_tbs=bw, candidates=cands, rows=rows), fh, default=repr)
     return 0
 
 

@@ -33,6 +33,7 @@ os.environ.pop("TRITON_INTERPRET", None)  # compile for the GPU (bf16 dot operan
 
 import torch  # noqa: E402
 import triton  # noqa: E402
+from sparse_attn_dchunk import DChunk, sparse_attn_split_dc_kernel  # noqa: E402  (this folder)
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource, make_backend  # noqa: E402
 from triton.runtime.jit import create_function_from_signature  # noqa: E402
@@ -43,7 +44,7 @@ from sglang_ernie55.kernels import sparse_attn as SA  # noqa: E402
 TARGET = GPUTarget("cuda", 90, 32)
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 H = 64
-DEFAULT_VARIANTS = ["base", "dchunk:64", "dchunk:128"]  # variant[:block_d]
+DEFAULT_VARIANTS = ["base", "dchunk:64", "dchunk:128"]  # base, or dchunk:block_d (sparse_attn_dchunk.DChunk)
 # (block_h, block_n, warps, stages): serving's default (it passes no tuning) first, the bench's chosen config, the
 # "dchunk" candidates of bench_decode.py --variants, 16 warps
 CONFIGS = [(64, 32, 8, 1), (64, 64, 8, 1), (64, 32, 8, 2), (64, 64, 8, 2), (64, 16, 8, 2), (64, 64, 16, 1)]
@@ -80,7 +81,7 @@ class _Captured(Exception):
 def capture_split_launch(q, scopes, kw):
     """(kernel, args, kwargs) of the split-kernel launch that `sparse_mqa_attention` makes for these inputs."""
     got = {}
-    kernels = [v for k, v in vars(SA).items() if k.startswith("sparse_attn_split") and hasattr(v, "run")]
+    kernels = [SA.sparse_attn_split_kernel, sparse_attn_split_dc_kernel]
     saved = {id(k): k.__dict__.get("run") for k in kernels}
 
     def grab(kern):
@@ -153,7 +154,7 @@ def resources(c, keep: str | None = None, tag: str = "k") -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--variant", nargs="*", default=None,
-                    help=f"variant[:block_d] of sparse_mqa_attention (default: {' '.join(DEFAULT_VARIANTS)})")
+                    help=f"base, or dchunk[:block_d]: the split kernel of sparse_mqa_attention (default: {' '.join(DEFAULT_VARIANTS)})")
     ap.add_argument("--configs", nargs="*", default=None, help="BH,BN,W,S tuples (default: the bench configs)")
     ap.add_argument("--only", nargs="*", default=None, help="cases: hca_fp8 hca_bf16 mla_fp8 mla_bf16")
     ap.add_argument("--keep", default=None, help="directory to keep the .ptx / .cubin files in")
@@ -172,10 +173,9 @@ def main() -> int:
                 continue
             for cfg in configs:
                 ckw = dict(kw, block_h=cfg[0], block_n=cfg[1], num_warps=cfg[2], num_stages=cfg[3])
-                if var is not None:
-                    ckw["variant"], _, bd = var.partition(":")
-                    if bd:
-                        ckw["block_d"] = int(bd)
+                name_, _, bd = var.partition(":")
+                if name_ == "dchunk":
+                    ckw["split"] = DChunk(int(bd or 64))
                 try:
                     kern, a, k = capture_split_launch(q, scopes, ckw)
                     r = resources(compile_sm90(kern, a, k), args.keep, f"{var.replace(':', '')}_{name}_{'_'.join(map(str, cfg))}")

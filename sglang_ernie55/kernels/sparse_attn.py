@@ -33,20 +33,35 @@ import math
 import torch
 import triton
 
-from ._pool import check, check_pool, dot_dtype, pool_args, pool_views
-from ._triton.sparse_attn import (
-    sparse_attn_combine_kernel,
-    sparse_attn_split_dc_kernel,
-    sparse_attn_split_kernel,
-)
+from ._pool import PoolArgs, check, check_pool, dot_dtype, pool_args, pool_views
+from ._triton.sparse_attn import sparse_attn_combine_kernel, sparse_attn_split_kernel
 from .layout import Geometry, KVLayout
 
 LN2 = math.log(2.0)
 LAST_COMPILED: dict = {}  # diagnostics: the last compiled split kernel (n_regs / n_spills / asm)
-# Split-kernel variants (same arguments, same results): "base" holds the whole [block_n, D] key tile and the
-# [block_h, D] accumulator as single tiles; "dchunk" cuts the head dim into chunks of block_d dims (keys read,
-# multiplied and accumulated chunk by chunk: fewer live registers). Default "base" until timed on the GPU.
-VARIANTS = ("base", "dchunk")
+
+
+class SplitKernel:
+    """The split pass of `sparse_mqa_attention`: `kernel` takes the arguments of `_triton/sparse_attn.py`'s
+    `sparse_attn_split_kernel` (which holds the whole [block_n, D] key tile and the [block_h, D] accumulator as
+    single tiles) and writes the same outputs. Serving runs this one; a candidate with the same contract plugs in
+    as a subclass (the head-dim-chunked kernel under benchmark: benchmarks/sparse_attn_dchunk.py)."""
+
+    kernel = sparse_attn_split_kernel
+
+    def check(self, a: PoolArgs) -> None:
+        """Refuse (ValueError) a pool geometry the kernel cannot take: the base kernel takes every one."""
+
+    def extra_pool(self, ua: tuple, ub: tuple) -> tuple:
+        """The extra scope's pool arguments from the main (ua) and extra (ub) pools' views: the extra's views."""
+        return ub
+
+    def constexprs(self) -> dict:
+        """The kernel's own compile-time arguments beyond the base kernel's: none."""
+        return {}
+
+
+BASE_SPLIT = SplitKernel()
 
 
 @dataclasses.dataclass
@@ -90,7 +105,7 @@ def sparse_mqa_attention(
     q: torch.Tensor, main: Scope, extra: Scope | None = None, *, sm_scale: float, d_v: int,
     sink: torch.Tensor | None = None, out: torch.Tensor | None = None, num_splits: int | None = None,
     block_h: int | None = None, block_n: int = 32, num_warps: int | None = None, num_stages: int = 1,
-    split_keys: int | None = None, variant: str = "base", block_d: int = 64,
+    split_keys: int | None = None, split: SplitKernel = BASE_SPLIT,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """Returns (out [T, h, d_v] bf16 (or ``out``'s dtype), lse [T, h] fp32, natural log, without the sink).
 
@@ -108,6 +123,7 @@ def sparse_mqa_attention(
            always goes through the combine pass, so a query's output depends only on its own keys, never
            on the batch's size, index widths or the other queries (the default split count follows the
            batch: T and the widest index row). Excludes ``num_splits``.
+    split: the split kernel (`SplitKernel`: serving's; a subclass runs a candidate with the same contract).
     """
     a = pool_args(main.geom)
     T, H, D = q.shape
@@ -135,12 +151,8 @@ def sparse_mqa_attention(
         out.shape == (T, H, d_v) and out.stride(2) == 1,
         f"out: expected [{T}, {H}, {d_v}] with contiguous last dim",
     )
-    check(variant in VARIANTS, f"variant: one of {VARIANTS}, got {variant!r}")
-    if variant == "dchunk":
-        check(block_d >= 16 and block_d & (block_d - 1) == 0 and a.main_p % block_d == 0 and a.main_p // block_d <= 8,
-              f"block_d: a power of two >= 16 dividing {a.main_p} into at most 8 chunks, got {block_d}")  # fmt: skip
-        check(a.kind == 0 or a.tile % block_d == 0 or block_d % a.tile == 0,
-              f"block_d: must divide or be a multiple of the fp8 scale tile {a.tile}, got {block_d}")  # fmt: skip
+    check(isinstance(split, SplitKernel), f"split: a SplitKernel, got {type(split).__name__}")
+    split.check(a)
     lse = torch.empty(T, H, dtype=torch.float32, device=q.device)
     if T == 0:
         return out, lse
@@ -179,14 +191,9 @@ def sparse_mqa_attention(
     common = dict(HAS_B=extra is not None, HAS_LA=main.lengths is not None,
                   HAS_LB=extra is not None and extra.lengths is not None, HAS_SINK=sink is not None,
                   SINGLE=single, BH=bh, BN=block_n, DT=dot_dtype(q.dtype == torch.float32), num_warps=nw, num_stages=num_stages)  # fmt: skip
-    if variant == "dchunk":  # the extra pool through the main pool's views, at a byte distance
-        kernel, common = sparse_attn_split_dc_kernel, dict(common, DC=block_d)
-        delta = ub[0].data_ptr() - ua[0].data_ptr()
-        check(delta % 4 == 0, "pools: base addresses must be 4-byte aligned")
-        ub = (delta,)
-    else:
-        kernel = sparse_attn_split_kernel
-    LAST_COMPILED["split"] = kernel[(n_hb, T, num_splits)](
+    ub = split.extra_pool(ua, ub)
+    common.update(split.constexprs())
+    LAST_COMPILED["split"] = split.kernel[(n_hb, T, num_splits)](
         q, q.stride(0), q.stride(1), H, chunk,
         main.indices, main.indices.stride(0), main.lengths if main.lengths is not None else dummy_len, KA,
         *ua, a.page_size, a.page_bytes, a.data_stride, a.scale_base, a.scale_stride,

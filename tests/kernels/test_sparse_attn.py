@@ -7,6 +7,7 @@ import pytest
 import torch
 from tests.kernels.kutil import DEV, PagedRequests, filled_pool, poison, rel
 
+from benchmarks.sparse_attn_dchunk import DChunk
 from sglang_ernie55.kernels import layout as L
 from sglang_ernie55.kernels.sparse_attn import Scope, flashmla_sparse_attention, sparse_mqa_attention
 from sglang_ernie55.reference import functional as F
@@ -53,10 +54,10 @@ def _hca_case(
     return o, lse, (q, main, extra, sink)
 
 
-# split-kernel variants: the base kernel and the head-dim-chunked one (chunks of 64 / 128 / 256 dims: one scale
-# tile per chunk, two tiles per chunk, a chunk that holds both fp8 and bf16 dims of the HCA row)
-VAR = {"base": {}, "dc64": dict(variant="dchunk", block_d=64), "dc128": dict(variant="dchunk", block_d=128),
-       "dc256": dict(variant="dchunk", block_d=256)}  # fmt: skip
+# split kernels: serving's and the head-dim-chunked candidate (benchmarks/sparse_attn_dchunk.py; chunks of 64 /
+# 128 / 256 dims: one scale tile per chunk, two tiles per chunk, a chunk that holds both fp8 and bf16 dims of the
+# HCA row)
+VAR = {"base": {}, "dc64": dict(split=DChunk(64)), "dc128": dict(split=DChunk(128)), "dc256": dict(split=DChunk(256))}
 
 
 @pytest.mark.parametrize("kv", ["fp8", "bf16"])
@@ -148,13 +149,13 @@ def test_two_scopes_ragged_boundary(kv, var):
         assert (o[4] == 0).all() and torch.isinf(lse[4]).all()
 
 
-def test_variant_checks():
+def test_split_kernel_checks():
     q, scopes, kw = _invariance_cases()["mla"]
-    with pytest.raises(ValueError, match="variant"):
-        sparse_mqa_attention(q, *scopes, variant="nope", **kw)
+    with pytest.raises(ValueError, match="split"):
+        sparse_mqa_attention(q, *scopes, split="dchunk", **kw)
     for bd in (32 + 16, 1024, 8):
         with pytest.raises(ValueError, match="block_d"):
-            sparse_mqa_attention(q, *scopes, variant="dchunk", block_d=bd, **kw)
+            sparse_mqa_attention(q, *scopes, split=DChunk(bd), **kw)
 
 
 def test_sparse_attn_rejects_bad_shapes():
@@ -264,10 +265,10 @@ RAGGED = [1, 19, 97, 127, 128, 129, 255, 256, 257, 511, 513, 3001]
 @pytest.mark.gpu
 @pytest.mark.parametrize("kv", ["fp8", "bf16"])
 @pytest.mark.parametrize("cfg", [{}, {"block_n": 64, "num_warps": 16}, {"block_h": 16, "num_warps": 4},
-                                 {"variant": "dchunk", "block_d": 64, "block_n": 64},
-                                 {"variant": "dchunk", "block_d": 128, "block_n": 32},
-                                 {"variant": "dchunk", "block_d": 128, "block_n": 16},
-                                 {"variant": "dchunk", "block_d": 64, "block_n": 32, "num_warps": 16}])  # fmt: skip
+                                 {"split": DChunk(64), "block_n": 64},
+                                 {"split": DChunk(128), "block_n": 32},
+                                 {"split": DChunk(128), "block_n": 16},
+                                 {"split": DChunk(64), "block_n": 32, "num_warps": 16}])  # fmt: skip
 def test_hca_decode_full(kv, cfg):
     _hca_case(kv, RAGGED, 1, H=64, check_mask_ref=True, **cfg)
 
@@ -297,9 +298,9 @@ def test_hca_flashmla_same_cache(H):
 @pytest.mark.gpu
 @pytest.mark.parametrize("kv", ["fp8", "bf16"])
 @pytest.mark.parametrize("cfg", [{}, {"block_n": 64, "num_warps": 16},
-                                 {"variant": "dchunk", "block_d": 64, "block_n": 64},
-                                 {"variant": "dchunk", "block_d": 128, "block_n": 32},
-                                 {"variant": "dchunk", "block_d": 256, "block_n": 32, "num_stages": 2}])  # fmt: skip
+                                 {"split": DChunk(64), "block_n": 64},
+                                 {"split": DChunk(128), "block_n": 32},
+                                 {"split": DChunk(256), "block_n": 32, "num_stages": 2}])  # fmt: skip
 def test_mla_sparse_full(kv, cfg):
     torch.manual_seed(2)
     g = L.mla_geometry(kv)
@@ -331,10 +332,9 @@ def test_mla_sparse_full(kv, cfg):
 
 def test_hca_attention_inverse_rope_tiny():
     """hca_attention = sparse attention + functional.hca_output's inverse rotation of the rope slice."""
-    from kutil import cos_sin
-
-    from sglang_ernie55.kernels.hca_attn import hca_attention
     from sglang_ernie55.reference import rope
+    from tests.kernels.hca_attn import hca_attention
+    from tests.kernels.kutil import cos_sin
 
     o, _, (q, main, extra, sink) = _hca_case("bf16", [200, 5], 1, H=2)
     pos = torch.tensor([199, 4], device=DEV)

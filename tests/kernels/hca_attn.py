@@ -1,21 +1,22 @@
 """HCA attention for decode and extend in one call: sparse_mqa_attention over the window pool and the
-compressed pool with the per-head sink, then the inverse RoPE of the output's rope slice (in place).
+compressed pool with the per-head sink, then the inverse RoPE of the output's rope slice (in place). Serving
+does not call it (its backend attends through `sparse_mqa_attention` and the layer applies the inverse RoPE);
+the kernel tests use it to check that composition against the reference.
 
 Formula (functional.sink_attention over the window + visible compressed entries, then
 functional.hca_output's inverse rotation): for query t at position p_t,
     o[t, h] = sum_k exp(q.k / sqrt(D)) k / (sum_k exp(q.k / sqrt(D)) + exp(sink[h])),
     o[t, h, D - rope:] = RoPE^-1(o[t, h, D - rope:], p_t)
-with k over the slots of window_idx[t, :window_len[t]] and cmp_idx[t, :cmp_len[t]] (-1 skipped).
-Either this or `flashmla_sparse_attention` (fp8 V4 pools, 64 / 128 heads) can sit behind the
-serving backend: they take the same Scopes and give the same o before the inverse rotation.
+with k over the slots of window_idx[t, :window_len[t]] and cmp_idx[t, :cmp_len[t]] (-1 skipped);
+`use_flashmla` runs the attention on `flashmla_sparse_attention` (fp8 V4 pools, 64 / 128 heads).
 """
 
 from __future__ import annotations
 
 import torch
 
-from .rope import rope_
-from .sparse_attn import Scope, flashmla_sparse_attention, sparse_mqa_attention
+from sglang_ernie55.kernels.rope import rope_
+from sglang_ernie55.kernels.sparse_attn import Scope, flashmla_sparse_attention, sparse_mqa_attention
 
 
 def hca_attention(
