@@ -364,6 +364,13 @@ LEDGER: tuple[Patch, ...] = (
         ),
         ("sglang.srt.mem_cache.allocation_sizing:get_req_to_token_extra_context_len", ()),
         ("sglang.srt.runtime_context:get_disagg", ()),
+        # the eager runner's static inputs, sized to the pool's token count (charged per pool token)
+        (
+            "sglang.srt.model_executor.cuda_graph_buffer_registry:build_decode_registry",
+            ("device", "max_bs", "max_num_token", "seq_len_fill_value", "cache_loc_dtype"),
+        ),
+        ("sglang.srt.model_executor.runner.eager_runner:EagerRunner.__init__", ("model_runner",)),
+        ("sglang.srt.runtime_context:max_prefill_buffer_tokens", ()),
     ),
     *_reads(
         "sglang_ernie55.configuration",
