@@ -26,7 +26,7 @@ IDX_FP8            132    block-split page: key i at ``i * 128`` (128 e4m3), its
 IDX_BF16           256    key i at ``i * 256``: 128 bf16.
 =================  =====  ==========================================================================
 
-Quantisation rules (the pure-torch twins are ``sglang_ernie55.reference.kernels_ref``):
+Quantisation rules (the pure-torch twins are ``sglang_ernie55.kernels.torch_twin``):
 - HCA_FP8 (ue8m0, as SGLang's V4 store): per 64-value tile ``e = ceil(log2(max(amax, 1e-8) / 448))``,
   ``q = e4m3(clamp(x / 2**e, -448, 448))``, byte ``e + 127``.
 - MLA_FP8 (as SGLang's V3.2 store): per 128-value tile ``s = max(amax, 1e-8) / 448`` (fp32),

@@ -27,8 +27,8 @@ import logging
 import torch
 from sglang.srt.mem_cache.base_swa_memory_pool import BaseSWAKVPool
 
-from ..kernels.layout import HCA_STATE_BLOCKS, KVLayout
 from ..kernels import torch_twin as twin
+from ..kernels.layout import HCA_STATE_BLOCKS, KVLayout
 from .sizing import DENSE_KV, Buffer, PoolLayout
 
 logger = logging.getLogger(__name__)

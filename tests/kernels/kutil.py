@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 
 from sglang_ernie55.kernels import layout as L
-from sglang_ernie55.kernels.kv_store import kv_store
 from sglang_ernie55.kernels import torch_twin as R
+from sglang_ernie55.kernels.kv_store import kv_store
 from sglang_ernie55.reference import rope
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"

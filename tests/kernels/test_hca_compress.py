@@ -5,12 +5,13 @@ than 128 and head / rope widths that are not powers of two (held padded inside t
 
 import pytest
 import torch
-from tests.kernels.kutil import DEV, cos_sin, poison, rel
 
 from sglang_ernie55.kernels import layout as L
+from sglang_ernie55.kernels import torch_twin
 from sglang_ernie55.kernels.hca_compress import hca_compress_store, hca_state_update, plan_compress_jobs
 from sglang_ernie55.reference import functional as F
-from sglang_ernie55.kernels import torch_twin as R
+from sglang_ernie55.reference import kernels_ref as R
+from tests.kernels.kutil import DEV, cos_sin, poison, rel
 
 
 def _rounding_tie(got, exact, want, rel=1e-6):
@@ -54,15 +55,15 @@ class _Harness:
         state_before = self.state.clone()
         hca_compress_store(self.pool, self.g, kvs, self.state, self.ape.to(DEV), self.w.to(DEV), self.eps,
                            self.cos, self.sin, *jobs)  # fmt: skip
-        # the twin (kernels_ref) of the same jobs, on the same state, encoded like the store
+        # the oracle (kernels_ref) of the same jobs, on the same state, encoded like the store
         live = jobs[4] >= 0
         if live.any() and twin:
             want = R.hca_compress_jobs(kvs.cpu(), state_before.cpu(), self.ape, self.w, self.eps, self.inv,
                                        self.rope, *(j[live].cpu() for j in jobs[:4]))  # fmt: skip
             enc = self.pool.cpu().clone()
-            R.pool_store(enc, self.g, jobs[4][live].cpu().long(), want)
+            torch_twin.pool_store(enc, self.g, jobs[4][live].cpu().long(), want)
             slots = jobs[4][live].cpu().long()
-            got, exact = R.pool_gather(self.pool.cpu(), self.g, slots), R.pool_gather(enc, self.g, slots)
+            got, exact = torch_twin.pool_gather(self.pool.cpu(), self.g, slots), torch_twin.pool_gather(enc, self.g, slots)
             diff = (got != exact) & ~(got.isnan() & exact.isnan())  # NaN: unwritten rows
             if DEV == "cpu":  # equal, but for values whose fp32 twin sits on a rounding midpoint (fp32 noise)
                 tie = _rounding_tie(got, exact, want)
@@ -85,7 +86,7 @@ class _Harness:
             ref = F.hca_compress(rows[:n, : self.dim], rows[:n, self.dim :], self.ape, self.w,
                                  self.eps, self.inv, self.rope)  # fmt: skip
             slots = torch.tensor([self.cmp_slot(r, j) for j in range(nb)])
-            got = R.pool_gather(self.pool.cpu(), self.g, slots)
+            got = torch_twin.pool_gather(self.pool.cpu(), self.g, slots)
             worst = rel(got, ref)
         ring = self.state.shape[1]
         open_lo = n

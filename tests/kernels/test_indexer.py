@@ -4,12 +4,12 @@ two (index_head_dim 48: held padded inside the kernel)."""
 
 import pytest
 import torch
-from tests.kernels.kutil import DEV, PagedRequests, filled_pool, poison
 
 from sglang_ernie55.kernels import layout as L
 from sglang_ernie55.kernels.indexer import indexer_logits, indexer_topk
 from sglang_ernie55.reference import functional as F
-from sglang_ernie55.kernels import torch_twin as R
+from sglang_ernie55.reference import kernels_ref as R
+from tests.kernels.kutil import DEV, PagedRequests, filled_pool, poison
 
 
 def _case(kv, seq_lens, q_per_req, nI, topk, dI=L.IDX_HEAD_DIM):

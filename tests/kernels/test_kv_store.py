@@ -1,13 +1,13 @@
-"""kv_store: every layout, byte-exact against kernels_ref.pool_store; round trip within fp8 error. Widths that
+"""kv_store: every layout, byte-exact against torch_twin.pool_store; round trip within fp8 error. Widths that
 are not powers of two (held padded in the kernel, the padding masked) at the geometries a config may take."""
 
 import pytest
 import torch
-from tests.kernels.kutil import DEV, poison, rel
 
 from sglang_ernie55.kernels import layout as L
-from sglang_ernie55.kernels.kv_store import kv_store
 from sglang_ernie55.kernels import torch_twin as R
+from sglang_ernie55.kernels.kv_store import kv_store
+from tests.kernels.kutil import DEV, poison, rel
 
 GEOMS = {
     "hca_fp8": (lambda: L.hca_geometry("fp8"), 512),
@@ -79,7 +79,9 @@ def test_kv_store_tiny(name):
     _check(name, 19, 2)
 
 
-@pytest.mark.parametrize("name", ["mla_fp8", "mla_bf16", "hca_fp8", "hca_bf16", "mla_fp8_r384_24", "hca_bf16_d112_r32"])
+@pytest.mark.parametrize(
+    "name", ["mla_fp8", "mla_bf16", "hca_fp8", "hca_bf16", "mla_fp8_r384_24", "hca_bf16_d112_r32"]
+)
 def test_kv_store_fp32_input_rounds_to_nearest_even(name):
     """fp32 tokens (what the serving layers hand the backend): every bf16 field (the MLA k_rope tail
     included) is rounded to nearest even, as torch's cast; the interpreter's own cast truncates."""

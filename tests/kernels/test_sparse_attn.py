@@ -5,13 +5,14 @@ are not powers of two: held padded inside the kernel)."""
 
 import pytest
 import torch
-from tests.kernels.kutil import DEV, PagedRequests, filled_pool, poison, rel
 
 from benchmarks.sparse_attn_dchunk import DChunk
 from sglang_ernie55.kernels import layout as L
+from sglang_ernie55.kernels import torch_twin
 from sglang_ernie55.kernels.sparse_attn import Scope, flashmla_sparse_attention, sparse_mqa_attention
 from sglang_ernie55.reference import functional as F
-from sglang_ernie55.kernels import torch_twin as R
+from sglang_ernie55.reference import kernels_ref as R
+from tests.kernels.kutil import DEV, PagedRequests, filled_pool, poison, rel
 
 TOL = {"fp8": 2e-2, "bf16": 2e-2}  # bf16 q / p operands and a bf16 output
 
@@ -43,9 +44,9 @@ def _hca_case(
         for r, Lr in enumerate(seq_lens):
             rows = [i for i, (rr, _) in enumerate(queries) if rr == r]
             qpos = torch.tensor([queries[i][1] for i in rows])
-            kv_all = R.pool_gather(win_pool.cpu(), g, torch.tensor(reqs.token_slots(r, 0, Lr)))
+            kv_all = torch_twin.pool_gather(win_pool.cpu(), g, torch.tensor(reqs.token_slots(r, 0, Lr)))
             ncmp = Lr // ratio
-            cmp_all = R.pool_gather(cmp_pool.cpu(), gc, torch.tensor([reqs.cmp_slot(r, j) for j in range(ncmp)],
+            cmp_all = torch_twin.pool_gather(cmp_pool.cpu(), gc, torch.tensor([reqs.cmp_slot(r, j) for j in range(ncmp)],
                                                                       dtype=torch.long))  # fmt: skip
             raw, cm = F.hca_visible_mask(qpos, torch.arange(Lr), ncmp, window, ratio)
             ref2 = F.sink_attention(q[rows].cpu(), torch.cat([kv_all, cmp_all]), torch.cat([raw, cm], 1), sink.cpu(),
