@@ -98,7 +98,7 @@ def test_static_buffer_decode_steps_equal_eager():
 
 @pytest.mark.slow
 def test_kernel_path_model_equals_rounded_twin():
-    """The tiny model end to end (layers -> backend kwargs -> kernels) equals the twin fed the same
+    """The tiny model end to end (layers -> typed backend inputs -> kernels) equals the twin fed the same
     bf16-rounded queries: same greedy token at every position, logits to 2e-3 of their scale."""
     rep = _run("model", "bfloat16", "cpu")
     r = rep["rounded_twin"]
