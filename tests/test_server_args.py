@@ -471,3 +471,7 @@ def test_prefill_cuda_graph_asked_by_name_is_refused(ernie):
     assert "--disable-prefill-cuda-graph" in str(e)
     # the legacy off switch is fine
     assert resolved(ernie, "--disable-prefill-cuda-graph")["cuda_graph_config"]["prefill"]["backend"] == "disabled"
+
+
+def test_readme_flag_table_is_the_rules_table():
+    assert flag_rules_markdown() in (REPO / "README.md").read_text()

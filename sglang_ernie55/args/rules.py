@@ -399,6 +399,10 @@ ERNIE55_FLAG_RULES: tuple[FlagRule, ...] = (
              "accepted with `ernie55` and the radix cache kept: attention on the Triton kernels with fixed key "
              "splits (FlashMLA is skipped), SGLang's batch-invariant GEMMs / MoE config; greedy output is then "
              "bit-identical across batch composition, CUDA graphs, prefix hits and ECHO on / off"),
+    FlagRule("`--cuda-graph-backend-prefill` (prefill CUDA graphs)",
+             "off for this model (logged): the backend's prefill reads host-side lengths a captured graph cannot "
+             "replay; decode, ECHO verify and draft graphs stay on; a prefill graph backend asked for by name: error "
+             "(`--disable-prefill-cuda-graph` is fine)"),
     FlagRule("`--context-length` > 131072",
              "warning: also lower `--max-running-requests` (single digits) and `--cuda-graph-max-bs-decode`"),
     FlagRule("request `n` > 1 under PD disaggregation", "HTTP 400 (sub-requests would share one bootstrap room and hang)"),
