@@ -2,7 +2,7 @@
 and MLA-DSA sparse attention (absorbed form), fp8 and bf16 pools.
 
 Formula, per query token t and head h (K = V, one shared KV head; keys gathered from the pools and
-dequantised exactly as `kernels_ref.pool_gather` does):
+dequantised exactly as `torch_twin.pool_gather` does):
 
     S_t  = { main_pool[main_idx[t, j]] : j < main_len[t], main_idx[t, j] != -1 }
          U { extra_pool[extra_idx[t, j]] : j < extra_len[t], extra_idx[t, j] != -1 }
