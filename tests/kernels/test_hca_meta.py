@@ -1,8 +1,8 @@
 import pytest
 import torch
-from kutil import PagedRequests
 
 from sglang_ernie55.kernels.hca_meta import hca_indices
+from tests.kernels.kutil import PagedRequests
 
 # (window, compress ratio): the full-size model's, then geometries a config may take (window <= 256, any ratio
 # dividing the 256-token page): window 64 / ratio 32, window 32 < ratio 128, ratio 64, the extremes 1 and 256

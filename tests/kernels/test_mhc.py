@@ -2,10 +2,10 @@
 
 import pytest
 import torch
-from kutil import DEV, rel
 
 from sglang_ernie55.kernels import mhc as K
 from sglang_ernie55.reference import mhc as M
+from tests.kernels.kutil import DEV, rel
 
 
 def _params(n, H, rows):

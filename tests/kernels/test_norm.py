@@ -3,10 +3,10 @@ strided rows (a column slice), every output dtype, zero rows; rows are independe
 
 import pytest
 import torch
-from kutil import DEV
 
 from sglang_ernie55.kernels.norm import rms_norm
 from sglang_ernie55.reference import functional as F
+from tests.kernels.kutil import DEV
 
 
 def _check(M, N, dtype, out_dtype, weighted, strided=False, scale=3.0):

@@ -1,9 +1,9 @@
 import pytest
 import torch
-from kutil import DEV, cos_sin
 
 from sglang_ernie55.kernels.rope import rope_
 from sglang_ernie55.reference import rope
+from tests.kernels.kutil import DEV, cos_sin
 
 
 @pytest.mark.parametrize("inverse", [False, True])

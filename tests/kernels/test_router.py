@@ -2,10 +2,10 @@
 
 import pytest
 import torch
-from kutil import DEV
 
 from sglang_ernie55.kernels.router import multi_router_topk, router_logits
 from sglang_ernie55.reference import functional as F
+from tests.kernels.kutil import DEV
 
 
 def _check(T, H, E, R, k, ties=False, grid=False):

@@ -722,9 +722,10 @@ def _spawn(args, extra_env: dict, variants: str, cache: str) -> subprocess.Popen
     for k in ("MASTER_PORT", "MASTER_ADDR", "RANK", "WORLD_SIZE", "LOCAL_RANK", "SGLANG_ERNIE55_LAYER_IMPL"):
         env.pop(k, None)
     env["SGLANG_ERNIE55_ATTN_IMPL"] = "torch"
-    cmd = [sys.executable, __file__, "--worker", "--device", args.device, "--geometries", args.geometries,
-           "--variants", variants, "--seed", str(args.seed), "--lengths", args.lengths]  # fmt: skip
-    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    cmd = [sys.executable, "-m", "tests.serving.geometry_diag", "--worker", "--device", args.device, "--geometries",
+           args.geometries, "--variants", variants, "--seed", str(args.seed), "--lengths", args.lengths]  # fmt: skip
+    root = Path(__file__).resolve().parents[2]  # a module of the tests package: run from the repository root
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=root)
 
 
 def _collect(name: str, p: subprocess.Popen, timeout: float) -> dict:
