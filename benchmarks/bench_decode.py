@@ -65,8 +65,12 @@ def fill(g, n_tokens, width):
     step = 1 << 20
     for s in range(0, pages * g.page_size, step):
         e = min(s + step, pages * g.page_size)
-        kv_store(pool, g, torch.arange(s, e, dtype=torch.int32, device=DEV),
-                 torch.randn(e - s, width, device=DEV, dtype=torch.bfloat16))  # fmt: skip
+        kv_store(
+            pool,
+            g,
+            torch.arange(s, e, dtype=torch.int32, device=DEV),
+            torch.randn(e - s, width, device=DEV, dtype=torch.bfloat16),
+        )
     return pool
 
 
@@ -127,9 +131,17 @@ CONFIGS = [  # (block_h, block_n, num_warps, num_stages)
 # --sweep: the wider search (fewer heads per program = fewer accumulator registers per thread; the head
 # blocks of one token launch next to each other, so their shared keys come from L2)
 WIDE_CONFIGS = CONFIGS[:2] + [
-    (32, 32, 4, 1), (32, 64, 4, 1), (32, 32, 8, 1), (32, 64, 8, 1), (32, 64, 8, 2), (32, 128, 8, 1),
-    (16, 64, 4, 1), (16, 64, 4, 2), (16, 128, 4, 1), (16, 32, 2, 1),
-]  # fmt: skip
+    (32, 32, 4, 1),
+    (32, 64, 4, 1),
+    (32, 32, 8, 1),
+    (32, 64, 8, 1),
+    (32, 64, 8, 2),
+    (32, 128, 8, 1),
+    (16, 64, 4, 1),
+    (16, 64, 4, 2),
+    (16, 128, 4, 1),
+    (16, 32, 2, 1),
+]
 
 
 def sweep(name, run, configs=None):
@@ -155,17 +167,27 @@ def sweep(name, run, configs=None):
 
 def wide_sweep(kv: str, fm: bool) -> None:
     hq, hmain, hextra, hsink, nb = hca_inputs(kv, 64, 128 * 1024)
-    sweep(f"hca {kv} b64 128K ({nb / 1e6:.0f} MB)", lambda c: sparse_mqa_attention(
-        hq, hmain, hextra, sm_scale=512**-0.5, d_v=512, sink=hsink, **kw(c)), WIDE_CONFIGS)  # fmt: skip
+    sweep(
+        f"hca {kv} b64 128K ({nb / 1e6:.0f} MB)",
+        lambda c: sparse_mqa_attention(hq, hmain, hextra, sm_scale=512**-0.5, d_v=512, sink=hsink, **kw(c)),
+        WIDE_CONFIGS,
+    )
     if fm and kv == "fp8":
-        us = bench(lambda: flashmla_sparse_attention(hq, hmain, hextra, sm_scale=512**-0.5, d_v=512, sink=hsink))
+        us = bench(
+            lambda: flashmla_sparse_attention(hq, hmain, hextra, sm_scale=512**-0.5, d_v=512, sink=hsink)
+        )
         print(f"  hca fp8 b64 128K FlashMLA: {us * 1e3:.1f} us")
     hq = hmain = hextra = None
     mq, msc, nb = mla_inputs(kv, 64)
-    sweep(f"mla {kv} b64 ({nb / 1e6:.0f} MB)", lambda c: sparse_mqa_attention(
-        mq, msc, sm_scale=192**-0.5, d_v=512, **kw(c)), WIDE_CONFIGS)  # fmt: skip
+    sweep(
+        f"mla {kv} b64 ({nb / 1e6:.0f} MB)",
+        lambda c: sparse_mqa_attention(mq, msc, sm_scale=192**-0.5, d_v=512, **kw(c)),
+        WIDE_CONFIGS,
+    )
     if fm and kv == "fp8":
-        print(f"  mla fp8 b64 FlashMLA: {bench(lambda: flashmla_sparse_attention(mq, msc, sm_scale=192**-0.5, d_v=512)) * 1e3:.1f} us")
+        print(
+            f"  mla fp8 b64 FlashMLA: {bench(lambda: flashmla_sparse_attention(mq, msc, sm_scale=192**-0.5, d_v=512)) * 1e3:.1f} us"
+        )
 
 
 # --variants: (label, sparse_mqa_attention tuning kwargs; labels give block_h, block_n, warps, stages). "base" = the
@@ -207,9 +229,12 @@ def variants_table(args, fm: bool, bw: float, stamp: str, props) -> int:
     for kind, kv, B, ctx in shapes:
         if kind == "hca":
             q, main_, extra, sink, nbytes = hca_inputs(kv, B, ctx)
-            call = functools.partial(sparse_mqa_attention, q, main_, extra, sm_scale=512**-0.5, d_v=512, sink=sink)
-            fcall = functools.partial(flashmla_sparse_attention, q, main_, extra, sm_scale=512**-0.5, d_v=512,
-                                      sink=sink)  # fmt: skip
+            call = functools.partial(
+                sparse_mqa_attention, q, main_, extra, sm_scale=512**-0.5, d_v=512, sink=sink
+            )
+            fcall = functools.partial(
+                flashmla_sparse_attention, q, main_, extra, sm_scale=512**-0.5, d_v=512, sink=sink
+            )
         else:
             q, main_, nbytes = mla_inputs(kv, B)
             call = functools.partial(sparse_mqa_attention, q, main_, sm_scale=192**-0.5, d_v=512)
@@ -222,13 +247,18 @@ def variants_table(args, fm: bool, bw: float, stamp: str, props) -> int:
                 err = ((o.float() - ref).norm() / ref.norm()).item()
                 ms = bench(functools.partial(call, **ckw))
             except Exception as e:  # noqa: BLE001
-                print(f"  {kind} {kv} b{B} {ctx}: {label} failed {type(e).__name__}: {str(e)[:160]}", flush=True)
+                print(
+                    f"  {kind} {kv} b{B} {ctx}: {label} failed {type(e).__name__}: {str(e)[:160]}", flush=True
+                )
                 continue
             r["us"][label] = ms * 1e3
             key = (label, kind, kv)
             if key not in reported:
                 reported.add(key)
-                print(f"  compile {kind} {kv} {label}: {_compile_report()}; rel. diff vs base {err:.1e}", flush=True)
+                print(
+                    f"  compile {kind} {kv} {label}: {_compile_report()}; rel. diff vs base {err:.1e}",
+                    flush=True,
+                )
             if err > 2e-2:
                 print(f"  WARNING {kind} {kv} b{B} {ctx} {label}: rel. diff vs base {err:.1e}", flush=True)
         r["flashmla_us"] = None
@@ -236,7 +266,9 @@ def variants_table(args, fm: bool, bw: float, stamp: str, props) -> int:
             import flash_mla
 
             try:
-                r["flashmla_us"] = bench(functools.partial(fcall, sched_meta=flash_mla.get_mla_metadata()[0])) * 1e3
+                r["flashmla_us"] = (
+                    bench(functools.partial(fcall, sched_meta=flash_mla.get_mla_metadata()[0])) * 1e3
+                )
             except Exception as e:  # noqa: BLE001
                 print(f"  flashmla {kind} failed: {e!r}"[:200])
         print("ROW", json.dumps(r), flush=True)
@@ -251,7 +283,9 @@ def variants_table(args, fm: bool, bw: float, stamp: str, props) -> int:
         f"{triton.__version__}; copy bandwidth {bw:.2f} TB/s. Split-kernel candidates (block_h, block_n, warps, "
         f"stages), times in us (median of CUDA-graph replays); best = fastest candidate; ratios vs '{base}'.",
         "",
-        "| kernel | kv | batch | context | " + " | ".join(labels) + " | best | best / base | FlashMLA | best / FlashMLA |",
+        "| kernel | kv | batch | context | "
+        + " | ".join(labels)
+        + " | best | best / base | FlashMLA | best / FlashMLA |",
         "| --- | --- | --- | --- | " + " | ".join("---" for _ in labels) + " | --- | --- | --- | --- |",
     ]
     for r in rows:
@@ -261,11 +295,22 @@ def variants_table(args, fm: bool, bw: float, stamp: str, props) -> int:
         kname = "HCA decode" if r["kind"] == "hca" else "MLA-DSA decode (top-k 2048)"
         cells = [f"{us[lb]:.1f}" if lb in us else "-" for lb in labels]
         f = r["flashmla_us"]
-        lines.append(" | ".join([
-            f"| {kname}", r["kv"], str(r["batch"]), ctx, *cells, best or "-",
-            f"{us[best] / us[base]:.2f}x" if best and base in us else "-", "-" if f is None else f"{f:.1f}",
-            f"{us[best] / f:.2f}x" if best and f else "-",
-        ]) + " |")  # fmt: skip
+        lines.append(
+            " | ".join(
+                [
+                    f"| {kname}",
+                    r["kv"],
+                    str(r["batch"]),
+                    ctx,
+                    *cells,
+                    best or "-",
+                    f"{us[best] / us[base]:.2f}x" if best and base in us else "-",
+                    "-" if f is None else f"{f:.1f}",
+                    f"{us[best] / f:.2f}x" if best and f else "-",
+                ]
+            )
+            + " |"
+        )
     table = "\n".join(lines)
     print(table)
     if args.out:
@@ -273,7 +318,11 @@ def variants_table(args, fm: bool, bw: float, stamp: str, props) -> int:
         with open(os.path.join(args.out, "variants_table.md"), "w") as fh:
             fh.write(table + "\n")
         with open(os.path.join(args.out, "variants.json"), "w") as fh:
-            json.dump(dict(stamp=stamp, device=props.name, copy_tbs=bw, candidates=cands, rows=rows), fh, default=repr)
+            json.dump(
+                dict(stamp=stamp, device=props.name, copy_tbs=bw, candidates=cands, rows=rows),
+                fh,
+                default=repr,
+            )
     return 0
 
 
@@ -281,16 +330,22 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--sweep", action="store_true", help="only the wide config sweep at batch 64 (fp8 and bf16)")
-    ap.add_argument("--variants", action="store_true", help="only the split-kernel variants table (vs FlashMLA)")
+    ap.add_argument(
+        "--sweep", action="store_true", help="only the wide config sweep at batch 64 (fp8 and bf16)"
+    )
+    ap.add_argument(
+        "--variants", action="store_true", help="only the split-kernel variants table (vs FlashMLA)"
+    )
     args = ap.parse_args()
     torch.manual_seed(0)
     props = torch.cuda.get_device_properties(0)
     bw = copy_bandwidth()
     fm = have_flashmla()
     stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    print(f"# {stamp} on {props.name} ({props.multi_processor_count} SMs), torch {torch.__version__}, "
-          f"triton {triton.__version__}; measured copy bandwidth {bw:.2f} TB/s")  # fmt: skip
+    print(
+        f"# {stamp} on {props.name} ({props.multi_processor_count} SMs), torch {torch.__version__}, "
+        f"triton {triton.__version__}; measured copy bandwidth {bw:.2f} TB/s"
+    )
     rows = []
 
     class _Rows(list):
@@ -308,11 +363,12 @@ def main():
         return variants_table(args, fm, bw, stamp, props)
     # --- config sweep on the 128K shapes
     hq, hmain, hextra, hsink, _ = hca_inputs("fp8", 64, 128 * 1024)
-    hcfg = sweep("hca fp8 b64 128K", lambda c: sparse_mqa_attention(
-        hq, hmain, hextra, sm_scale=512**-0.5, d_v=512, sink=hsink, **kw(c)))  # fmt: skip
+    hcfg = sweep(
+        "hca fp8 b64 128K",
+        lambda c: sparse_mqa_attention(hq, hmain, hextra, sm_scale=512**-0.5, d_v=512, sink=hsink, **kw(c)),
+    )
     mq, msc, _ = mla_inputs("fp8", 64)
-    mcfg = sweep("mla fp8 b64", lambda c: sparse_mqa_attention(
-        mq, msc, sm_scale=192**-0.5, d_v=512, **kw(c)))  # fmt: skip
+    mcfg = sweep("mla fp8 b64", lambda c: sparse_mqa_attention(mq, msc, sm_scale=192**-0.5, d_v=512, **kw(c)))
     hq = hmain = hextra = mq = msc = None
     print(f"chosen configs: hca {hcfg}, mla {mcfg}")
     # indexer config sweep (fp8, b 64, 32K)
@@ -326,8 +382,23 @@ def main():
     icfg, ibest = None, None
     for c in [(1024, 64, 4, 3), (1024, 128, 8, 3), (2048, 128, 4, 2)]:
         try:
-            ms = bench(functools.partial(indexer_logits, iq, iw, ipool, g, ipt, iqr, iqp, 32768, keys_per_prog=c[0],
-                                         block_n=c[1], num_warps=c[2], num_stages=c[3]))  # fmt: skip
+            ms = bench(
+                functools.partial(
+                    indexer_logits,
+                    iq,
+                    iw,
+                    ipool,
+                    g,
+                    ipt,
+                    iqr,
+                    iqp,
+                    32768,
+                    keys_per_prog=c[0],
+                    block_n=c[1],
+                    num_warps=c[2],
+                    num_stages=c[3],
+                )
+            )
         except Exception as e:  # noqa: BLE001
             print(f"  indexer config {c}: failed {type(e).__name__}: {str(e)[:100]}")
             continue
@@ -347,20 +418,49 @@ def main():
                 if B * ctx > 256 * (1 << 20):
                     continue
                 q, main_, extra, sink, nbytes = hca_inputs(kv, B, ctx)
-                ms = bench(functools.partial(sparse_mqa_attention, q, main_, extra, sm_scale=512**-0.5, d_v=512,
-                                             sink=sink, **kw(hcfg)))  # fmt: skip
+                ms = bench(
+                    functools.partial(
+                        sparse_mqa_attention,
+                        q,
+                        main_,
+                        extra,
+                        sm_scale=512**-0.5,
+                        d_v=512,
+                        sink=sink,
+                        **kw(hcfg),
+                    )
+                )
                 fms = None
                 if fm and kv == "fp8":
                     import flash_mla
 
                     meta = flash_mla.get_mla_metadata()[0]
                     try:
-                        fms = bench(functools.partial(flashmla_sparse_attention, q, main_, extra, sm_scale=512**-0.5,
-                                                      d_v=512, sink=sink, sched_meta=meta))  # fmt: skip
+                        fms = bench(
+                            functools.partial(
+                                flashmla_sparse_attention,
+                                q,
+                                main_,
+                                extra,
+                                sm_scale=512**-0.5,
+                                d_v=512,
+                                sink=sink,
+                                sched_meta=meta,
+                            )
+                        )
                     except Exception as e:  # noqa: BLE001
                         print(f"flashmla hca failed: {e!r}"[:200])
-                rows.append(dict(kernel="HCA decode", kv=kv, batch=B, ctx=ctx, us=ms * 1e3, tbs=nbytes / ms / 1e9,
-                                 flashmla_us=fms * 1e3 if fms else None))  # fmt: skip
+                rows.append(
+                    dict(
+                        kernel="HCA decode",
+                        kv=kv,
+                        batch=B,
+                        ctx=ctx,
+                        us=ms * 1e3,
+                        tbs=nbytes / ms / 1e9,
+                        flashmla_us=fms * 1e3 if fms else None,
+                    )
+                )
                 q = main_ = extra = None
                 torch.cuda.empty_cache()
         for B in batches:
@@ -381,8 +481,17 @@ def main():
                     )
                 except Exception as e:  # noqa: BLE001
                     print(f"flashmla mla failed: {e!r}"[:200])
-            rows.append(dict(kernel="MLA-DSA decode (topk 2048)", kv=kv, batch=B, ctx=None, us=ms * 1e3,
-                             tbs=nbytes / ms / 1e9, flashmla_us=fms * 1e3 if fms else None))  # fmt: skip
+            rows.append(
+                dict(
+                    kernel="MLA-DSA decode (topk 2048)",
+                    kv=kv,
+                    batch=B,
+                    ctx=None,
+                    us=ms * 1e3,
+                    tbs=nbytes / ms / 1e9,
+                    flashmla_us=fms * 1e3 if fms else None,
+                )
+            )
             q = sc = None
             torch.cuda.empty_cache()
         # lightning indexer (logits + top-k 2048), 64 heads x 128
@@ -402,8 +511,18 @@ def main():
                 ms = bench(functools.partial(indexer_logits, qI, w, pool, g, pt, qr, qp, ctx, **ikw))
                 lg = indexer_logits(qI, w, pool, g, pt, qr, qp, ctx)
                 ms_topk = bench(functools.partial(indexer_topk, lg, qp, 2048, pt, qr))
-                rows.append(dict(kernel="indexer logits", kv=kv, batch=B, ctx=ctx, us=ms * 1e3, tbs=nbytes / ms / 1e9,
-                                 flashmla_us=None, topk_us=ms_topk * 1e3))  # fmt: skip
+                rows.append(
+                    dict(
+                        kernel="indexer logits",
+                        kv=kv,
+                        batch=B,
+                        ctx=ctx,
+                        us=ms * 1e3,
+                        tbs=nbytes / ms / 1e9,
+                        flashmla_us=None,
+                        topk_us=ms_topk * 1e3,
+                    )
+                )
                 pool = lg = None
                 torch.cuda.empty_cache()
 

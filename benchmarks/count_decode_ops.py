@@ -129,8 +129,12 @@ def main() -> None:
     logits_fn = s._run
     try:
         with mode:
-            logits_fn(__import__("sglang.srt.model_executor.forward_batch_info", fromlist=["x"]).ForwardMode.DECODE,
-                      list(range(a.batch)), [[5]] * a.batch, False)  # fmt: skip
+            logits_fn(
+                __import__("sglang.srt.model_executor.forward_batch_info", fromlist=["x"]).ForwardMode.DECODE,
+                list(range(a.batch)),
+                [[5]] * a.batch,
+                False,
+            )
     finally:
         interp.InterpretedFunction.run = run
     impl = os.environ.get("SGLANG_ERNIE55_LAYER_IMPL", "auto")

@@ -68,9 +68,16 @@ def _cases():
         gm = L.mla_geometry(kv)
         out[f"mla_{kv}"] = (
             torch.zeros(B, H, 576, dtype=torch.bfloat16),
-            [SA.Scope(gm.alloc(1), gm, torch.zeros(B, 2048, dtype=torch.int32), torch.full((B,), 2048, dtype=torch.int32))],
+            [
+                SA.Scope(
+                    gm.alloc(1),
+                    gm,
+                    torch.zeros(B, 2048, dtype=torch.int32),
+                    torch.full((B,), 2048, dtype=torch.int32),
+                )
+            ],
             dict(sm_scale=192**-0.5, d_v=512, out=torch.empty(B, H, 512)),
-        )  # fmt: skip
+        )
     return out
 
 
@@ -117,7 +124,9 @@ def compile_sm90(kernel, args, kwargs):
     kwargs = dict(kwargs, debug=False)
     bound, spec, opts = binder(*args, **kwargs)
     options, signature, constexprs, attrs = kernel._pack_args(backend, kwargs, bound, spec, opts)
-    return triton.compile(ASTSource(kernel, signature, constexprs, attrs), target=TARGET, options=options.__dict__)
+    return triton.compile(
+        ASTSource(kernel, signature, constexprs, attrs), target=TARGET, options=options.__dict__
+    )
 
 
 def resources(c, keep: str | None = None, tag: str = "k") -> dict:
@@ -130,10 +139,23 @@ def resources(c, keep: str | None = None, tag: str = "k") -> dict:
     with open(p_cubin, "wb") as f:
         f.write(c.asm["cubin"])
     arch = "sm_90a" if ".target sm_90a" in ptx else "sm_90"
-    log = subprocess.run([os.path.join(BIN, "ptxas"), "-lineinfo", "-v", "--regAllocOptLevel=2", f"--gpu-name={arch}",
-                          p_ptx, "-o", os.path.join(d, f"{tag}.ptxas.o")], capture_output=True, text=True).stderr  # fmt: skip
-    ru = subprocess.run([os.path.join(BIN, "cuobjdump"), "--dump-resource-usage", p_cubin], capture_output=True,
-                        text=True).stdout  # fmt: skip
+    log = subprocess.run(
+        [
+            os.path.join(BIN, "ptxas"),
+            "-lineinfo",
+            "-v",
+            "--regAllocOptLevel=2",
+            f"--gpu-name={arch}",
+            p_ptx,
+            "-o",
+            os.path.join(d, f"{tag}.ptxas.o"),
+        ],
+        capture_output=True,
+        text=True,
+    ).stderr
+    ru = subprocess.run(
+        [os.path.join(BIN, "cuobjdump"), "--dump-resource-usage", p_cubin], capture_output=True, text=True
+    ).stdout
     r = dict(
         regs=int(re.search(r"REG:(\d+)", ru).group(1)),
         stack=int(re.search(r"STACK:(\d+)", ru).group(1)),
@@ -153,9 +175,15 @@ def resources(c, keep: str | None = None, tag: str = "k") -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--variant", nargs="*", default=None,
-                    help=f"base, or dchunk[:block_d]: the split kernel of sparse_mqa_attention (default: {' '.join(DEFAULT_VARIANTS)})")
-    ap.add_argument("--configs", nargs="*", default=None, help="BH,BN,W,S tuples (default: the bench configs)")
+    ap.add_argument(
+        "--variant",
+        nargs="*",
+        default=None,
+        help=f"base, or dchunk[:block_d]: the split kernel of sparse_mqa_attention (default: {' '.join(DEFAULT_VARIANTS)})",
+    )
+    ap.add_argument(
+        "--configs", nargs="*", default=None, help="BH,BN,W,S tuples (default: the bench configs)"
+    )
     ap.add_argument("--only", nargs="*", default=None, help="cases: hca_fp8 hca_bf16 mla_fp8 mla_bf16")
     ap.add_argument("--keep", default=None, help="directory to keep the .ptx / .cubin files in")
     ap.add_argument("--json", default=None)
@@ -164,7 +192,9 @@ def main() -> int:
     configs = [tuple(int(x) for x in c.split(",")) for c in args.configs] if args.configs else CONFIGS
     cases = _cases()
     print(f"# sparse_attn split kernel, sm_90, triton {triton.__version__}, torch {torch.__version__}")
-    print("| variant | case | block_h, block_n, warps, stages | regs | spill st / ld (B) | stack (B) = words | shared (B) | MMA |")
+    print(
+        "| variant | case | block_h, block_n, warps, stages | regs | spill st / ld (B) | stack (B) = words | shared (B) | MMA |"
+    )
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     rows = []
     for var in variants:
@@ -178,14 +208,21 @@ def main() -> int:
                     ckw["split"] = DChunk(int(bd or 64))
                 try:
                     kern, a, k = capture_split_launch(q, scopes, ckw)
-                    r = resources(compile_sm90(kern, a, k), args.keep, f"{var.replace(':', '')}_{name}_{'_'.join(map(str, cfg))}")
+                    r = resources(
+                        compile_sm90(kern, a, k),
+                        args.keep,
+                        f"{var.replace(':', '')}_{name}_{'_'.join(map(str, cfg))}",
+                    )
                 except Exception as e:  # noqa: BLE001
                     print(f"| {var} | {name} | {cfg} | failed: {type(e).__name__}: {str(e)[:200]} |||||")
                     continue
                 mma = "wgmma" if r["wgmma"] else ("mma.sync" if r["mma_sync"] else "none")
-                print(f"| {var} | {name} | {cfg} | {r['regs']} | {r['spill_st']} / {r['spill_ld']} | "
-                      f"{r['stack'] + r['local']} = {(r['stack'] + r['local']) // 4} | "
-                      f"{r['shared']} | {mma} |", flush=True)  # fmt: skip
+                print(
+                    f"| {var} | {name} | {cfg} | {r['regs']} | {r['spill_st']} / {r['spill_ld']} | "
+                    f"{r['stack'] + r['local']} = {(r['stack'] + r['local']) // 4} | "
+                    f"{r['shared']} | {mma} |",
+                    flush=True,
+                )
                 rows.append(dict(variant=var, case=name, cfg=cfg, **r))
     if args.json:
         with open(args.json, "w") as f:

@@ -193,13 +193,33 @@ class Ernie55Config(PretrainedConfig):
             raise Ernie55ConfigError(f"config.json `{field}` = {value!r}: {rule}")
 
         positive = [
-            "vocab_size", "hidden_size", "num_hidden_layers", "intermediate_size", "num_attention_heads",
-            "q_lora_rank", "head_dim", "qk_rope_head_dim", "window_size", "compress_ratio", "o_groups",
-            "o_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "v_head_dim", "index_n_heads",
-            "index_head_dim", "index_topk", "n_routed_experts", "num_experts_per_tok", "moe_latent_size",
-            "moe_intermediate_size", "num_routers", "hc_mult", "hc_sinkhorn_iters",
+            "vocab_size",
+            "hidden_size",
+            "num_hidden_layers",
+            "intermediate_size",
+            "num_attention_heads",
+            "q_lora_rank",
+            "head_dim",
+            "qk_rope_head_dim",
+            "window_size",
+            "compress_ratio",
+            "o_groups",
+            "o_lora_rank",
+            "kv_lora_rank",
+            "qk_nope_head_dim",
+            "v_head_dim",
+            "index_n_heads",
+            "index_head_dim",
+            "index_topk",
+            "n_routed_experts",
+            "num_experts_per_tok",
+            "moe_latent_size",
+            "moe_intermediate_size",
+            "num_routers",
+            "hc_mult",
+            "hc_sinkhorn_iters",
             "max_position_embeddings",
-        ]  # fmt: skip
+        ]
         for name in positive:
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
@@ -214,8 +234,11 @@ class Ernie55Config(PretrainedConfig):
         if bad:
             fail("layer_types", f"entries must be one of {list(LAYER_KINDS)}; found {bad}", self.layer_types)
         if not 0 <= self.first_k_dense_replace <= self.num_hidden_layers:
-            fail("first_k_dense_replace", f"must be in [0, num_hidden_layers={self.num_hidden_layers}]",
-                 self.first_k_dense_replace)  # fmt: skip
+            fail(
+                "first_k_dense_replace",
+                f"must be in [0, num_hidden_layers={self.num_hidden_layers}]",
+                self.first_k_dense_replace,
+            )
         if self.num_attention_heads % self.o_groups:
             fail("o_groups", f"must divide num_attention_heads = {self.num_attention_heads}", self.o_groups)
         for name in ("head_dim", "qk_nope_head_dim", "index_head_dim"):
@@ -225,16 +248,26 @@ class Ernie55Config(PretrainedConfig):
             if getattr(self, name) % 2:
                 fail(name, "must be even (RoPE rotates pairs of dims)", getattr(self, name))
         if self.index_head_dim < self.qk_rope_head_dim:
-            fail("index_head_dim", f"must be >= qk_rope_head_dim = {self.qk_rope_head_dim} (indexer RoPE)",
-                 self.index_head_dim)  # fmt: skip
+            fail(
+                "index_head_dim",
+                f"must be >= qk_rope_head_dim = {self.qk_rope_head_dim} (indexer RoPE)",
+                self.index_head_dim,
+            )
         if SERVING_PAGE_SIZE % self.compress_ratio:
-            fail("compress_ratio", f"must divide the serving page size {SERVING_PAGE_SIZE} so that every page "
-                 "holds a whole number of compressed entries", self.compress_ratio)  # fmt: skip
+            fail(
+                "compress_ratio",
+                f"must divide the serving page size {SERVING_PAGE_SIZE} so that every page "
+                "holds a whole number of compressed entries",
+                self.compress_ratio,
+            )
         if self.window_size > SERVING_PAGE_SIZE:
             fail("window_size", f"must be <= the serving page size {SERVING_PAGE_SIZE}", self.window_size)
         if self.num_experts_per_tok > self.n_routed_experts:
-            fail("num_experts_per_tok", f"must be <= n_routed_experts = {self.n_routed_experts}",
-                 self.num_experts_per_tok)  # fmt: skip
+            fail(
+                "num_experts_per_tok",
+                f"must be <= n_routed_experts = {self.n_routed_experts}",
+                self.num_experts_per_tok,
+            )
         if self.n_shared_experts not in (0, 1):
             fail("n_shared_experts", "must be 0 or 1 (one full-width shared expert)", self.n_shared_experts)
         if self.scoring_func != "sigmoid":
@@ -264,16 +297,52 @@ class Ernie55Config(PretrainedConfig):
 
     # ------------------------------------------------------------------ checkpoint form
     SCHEMA_FIELDS = (
-        "architectures", "model_type", "vocab_size", "hidden_size", "num_hidden_layers", "layer_types",
-        "first_k_dense_replace", "intermediate_size", "rms_norm_eps", "max_position_embeddings",
-        "rope_theta", "rope_scaling", "num_attention_heads", "q_lora_rank", "head_dim", "qk_rope_head_dim",
-        "window_size", "compress_ratio", "o_groups", "o_lora_rank", "kv_lora_rank", "qk_nope_head_dim",
-        "v_head_dim", "index_n_heads", "index_head_dim", "index_topk", "n_routed_experts",
-        "num_experts_per_tok", "n_shared_experts", "moe_latent_size", "moe_intermediate_size",
-        "shared_expert_intermediate_size", "num_routers", "scoring_func", "norm_topk_prob",
-        "routed_scaling_factor", "hc_mult", "hc_sinkhorn_iters", "hc_eps", "num_nextn_predict_layers",
-        "echo_reuses_last_layer", "bos_token_id", "eos_token_id", "tie_word_embeddings", "dtype",
-    )  # fmt: skip
+        "architectures",
+        "model_type",
+        "vocab_size",
+        "hidden_size",
+        "num_hidden_layers",
+        "layer_types",
+        "first_k_dense_replace",
+        "intermediate_size",
+        "rms_norm_eps",
+        "max_position_embeddings",
+        "rope_theta",
+        "rope_scaling",
+        "num_attention_heads",
+        "q_lora_rank",
+        "head_dim",
+        "qk_rope_head_dim",
+        "window_size",
+        "compress_ratio",
+        "o_groups",
+        "o_lora_rank",
+        "kv_lora_rank",
+        "qk_nope_head_dim",
+        "v_head_dim",
+        "index_n_heads",
+        "index_head_dim",
+        "index_topk",
+        "n_routed_experts",
+        "num_experts_per_tok",
+        "n_shared_experts",
+        "moe_latent_size",
+        "moe_intermediate_size",
+        "shared_expert_intermediate_size",
+        "num_routers",
+        "scoring_func",
+        "norm_topk_prob",
+        "routed_scaling_factor",
+        "hc_mult",
+        "hc_sinkhorn_iters",
+        "hc_eps",
+        "num_nextn_predict_layers",
+        "echo_reuses_last_layer",
+        "bos_token_id",
+        "eos_token_id",
+        "tie_word_embeddings",
+        "dtype",
+    )
 
     def to_config_json(self) -> dict[str, Any]:
         """config.json as the checkpoint ships it (`rope_scaling` in its original form, not transformers'
@@ -284,10 +353,24 @@ class Ernie55Config(PretrainedConfig):
                 out[key] = MODEL_TYPE
             elif key == "rope_scaling":
                 rs = self.rope_scaling
-                out[key] = None if rs is None else {
-                    k: rs[k] for k in ("type", "factor", "original_max_position_embeddings", "beta_fast",
-                                       "beta_slow", "mscale", "mscale_all_dim") if k in rs
-                } | {"type": rs.get("type", rs.get("rope_type"))}  # fmt: skip
+                out[key] = (
+                    None
+                    if rs is None
+                    else {
+                        k: rs[k]
+                        for k in (
+                            "type",
+                            "factor",
+                            "original_max_position_embeddings",
+                            "beta_fast",
+                            "beta_slow",
+                            "mscale",
+                            "mscale_all_dim",
+                        )
+                        if k in rs
+                    }
+                    | {"type": rs.get("type", rs.get("rope_type"))}
+                )
             elif key == "dtype":
                 dt = getattr(self, "dtype", None)
                 out[key] = str(dt).replace("torch.", "") if dt is not None else "bfloat16"
@@ -336,13 +419,35 @@ def tiny_config(**overrides: Any) -> Ernie55Config:
       128x128 block scales have ragged edges as well as whole blocks.
     """
     cfg: dict[str, Any] = dict(
-        vocab_size=512, hidden_size=256, num_hidden_layers=4,
-        layer_types=["hca", "mla_dsa", "hca", "hca"], first_k_dense_replace=1, intermediate_size=384,
-        num_attention_heads=16, q_lora_rank=192, head_dim=128, qk_rope_head_dim=64, window_size=128,
-        compress_ratio=128, o_groups=8, o_lora_rank=160, kv_lora_rank=128, qk_nope_head_dim=64,
-        v_head_dim=64, index_n_heads=8, index_head_dim=64, index_topk=64, n_routed_experts=16,
-        num_experts_per_tok=4, n_shared_experts=1, moe_latent_size=128, moe_intermediate_size=96,
-        shared_expert_intermediate_size=192, num_routers=2, bos_token_id=1, eos_token_id=2,
-    )  # fmt: skip
+        vocab_size=512,
+        hidden_size=256,
+        num_hidden_layers=4,
+        layer_types=["hca", "mla_dsa", "hca", "hca"],
+        first_k_dense_replace=1,
+        intermediate_size=384,
+        num_attention_heads=16,
+        q_lora_rank=192,
+        head_dim=128,
+        qk_rope_head_dim=64,
+        window_size=128,
+        compress_ratio=128,
+        o_groups=8,
+        o_lora_rank=160,
+        kv_lora_rank=128,
+        qk_nope_head_dim=64,
+        v_head_dim=64,
+        index_n_heads=8,
+        index_head_dim=64,
+        index_topk=64,
+        n_routed_experts=16,
+        num_experts_per_tok=4,
+        n_shared_experts=1,
+        moe_latent_size=128,
+        moe_intermediate_size=96,
+        shared_expert_intermediate_size=192,
+        num_routers=2,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
     cfg.update(overrides)
     return Ernie55Config(**cfg)

@@ -55,7 +55,11 @@ def pytest_runtest_logreport(report):
     """PYTEST_INSTAFAIL=1 (scripts/gpu-all.sh sets it): a failure's traceback is printed when it happens, not
     in the end-of-session summary, which a device command cut off at its time limit never reaches."""
     if report.failed and os.environ.get("PYTEST_INSTAFAIL") == "1":
-        print(f"\n=== FAILED {report.nodeid} ({report.when})\n{report.longreprtext}\n", file=sys.stderr, flush=True)
+        print(
+            f"\n=== FAILED {report.nodeid} ({report.when})\n{report.longreprtext}\n",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 @pytest.fixture(scope="session")
@@ -64,8 +68,22 @@ def built_wheel(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
     root = Path(__file__).resolve().parents[1]
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out), str(root)],
-        check=True, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(out),
+            str(root),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     (whl,) = out.glob("sglang_ernie55-*.whl")
     return whl

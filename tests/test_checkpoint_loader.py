@@ -179,8 +179,14 @@ def test_mistyped_tensor_named_and_float_widths_accepted(ckpts, tmp_path):
     ):
         load_checkpoint(bad)
     # another float width for a non-FP8 tensor reads (a real checkpoint may keep norms in fp32)
-    ok = _edit(ckpts["bf16"], tmp_path / "c", replace={name: torch.full((24, 1024), 0.5, dtype=torch.bfloat16),
-                                                       norm: torch.full((256,), 0.25, dtype=torch.float32)})  # fmt: skip
+    ok = _edit(
+        ckpts["bf16"],
+        tmp_path / "c",
+        replace={
+            name: torch.full((24, 1024), 0.5, dtype=torch.bfloat16),
+            norm: torch.full((256,), 0.25, dtype=torch.float32),
+        },
+    )
     _, sd = load_checkpoint(ok, dtype=torch.bfloat16)
     assert sd[name].dtype == torch.float32 and (sd[name] == 0.5).all()
     assert sd[norm].dtype == torch.bfloat16 and (sd[norm] == 0.25).all()

@@ -131,9 +131,13 @@ def _run(model, ids):
     hooks = []
     for i, layer in enumerate(model.model.layers):
         for part in ("self_attn", "mlp"):
-            hooks.append(getattr(layer, part).register_forward_hook(
-                lambda m, a, out, key=f"{i}.{part}": seen.__setitem__(key, out.float().pow(2).mean().sqrt().item())
-            ))  # fmt: skip
+            hooks.append(
+                getattr(layer, part).register_forward_hook(
+                    lambda m, a, out, key=f"{i}.{part}": seen.__setitem__(
+                        key, out.float().pow(2).mean().sqrt().item()
+                    )
+                )
+            )
     try:
         return seen, model(ids, return_layer_rms=True)
     finally:

@@ -55,18 +55,30 @@ def test_kinds_follow_architecture_rules():
         }, k
     fp8 = {k for k, s in spec.items() if s.kind == KIND_FP8}
     assert all(len(spec[k].shape) == 2 and k.endswith(".weight") for k in fp8)
-    for k in ("model.embed_tokens.weight", "lm_head.weight", "model.layers.1.mlp.routers.0.weight",
-              "model.layers.1.self_attn.indexer.weights_proj.weight", "model.layers.1.input_layernorm.weight",
-              "model.layers.1.self_attn.indexer.k_norm.bias"):  # fmt: skip
+    for k in (
+        "model.embed_tokens.weight",
+        "lm_head.weight",
+        "model.layers.1.mlp.routers.0.weight",
+        "model.layers.1.self_attn.indexer.weights_proj.weight",
+        "model.layers.1.input_layernorm.weight",
+        "model.layers.1.self_attn.indexer.k_norm.bias",
+    ):
         assert spec[k].kind == KIND_BF16, k
-    for k in ("model.layers.0.self_attn.wq_b.weight", "model.layers.1.self_attn.indexer.wk.weight",
-              "model.layers.1.mlp.experts.3.up_proj.weight", "model.layers.1.mlp.latent_down.weight",
-              "echo.e_proj.weight", "model.layers.0.mlp.down_proj.weight"):  # fmt: skip
+    for k in (
+        "model.layers.0.self_attn.wq_b.weight",
+        "model.layers.1.self_attn.indexer.wk.weight",
+        "model.layers.1.mlp.experts.3.up_proj.weight",
+        "model.layers.1.mlp.latent_down.weight",
+        "echo.e_proj.weight",
+        "model.layers.0.mlp.down_proj.weight",
+    ):
         assert spec[k].kind == KIND_FP8, k
     # every remaining bf16 tensor is 1-D (a norm) or one of the listed 2-D exceptions
     two_d_bf16 = {k for k, s in spec.items() if s.kind == KIND_BF16 and len(s.shape) == 2}
-    assert all(k.startswith(("model.embed_tokens", "lm_head")) or ".routers." in k or "weights_proj" in k
-               for k in two_d_bf16)  # fmt: skip
+    assert all(
+        k.startswith(("model.embed_tokens", "lm_head")) or ".routers." in k or "weights_proj" in k
+        for k in two_d_bf16
+    )
 
 
 def test_fp8_storage_has_whole_and_ragged_blocks():

@@ -28,8 +28,13 @@ def made(tmp_path_factory):
 def test_make_tiny_writes_the_real_format(made, fmt):
     d = made[fmt]
     names = {p.name for p in d.iterdir()}
-    assert {"config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
-            "model.safetensors.index.json"} <= names  # fmt: skip
+    assert {
+        "config.json",
+        "generation_config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "model.safetensors.index.json",
+    } <= names
     assert sum(n.endswith(".safetensors") for n in names) >= 2
     cfg = json.loads((d / "config.json").read_text())
     assert cfg["architectures"] == [ARCH_MAIN] and cfg["model_type"] == "ernie5_5_moe"
@@ -95,9 +100,19 @@ def test_presets():
     assert preset_config("tiny").to_config_json() == tiny_config().to_config_json()
     assert preset_layer_types(4) == tiny_config().layer_types
     fw = preset_config("full-width", layers=4)
-    assert (fw.hidden_size, fw.num_attention_heads, fw.n_routed_experts, fw.moe_latent_size, fw.vocab_size) == (
-        4096, 64, 512, 2048, 103424,
-    )  # fmt: skip
+    assert (
+        fw.hidden_size,
+        fw.num_attention_heads,
+        fw.n_routed_experts,
+        fw.moe_latent_size,
+        fw.vocab_size,
+    ) == (
+        4096,
+        64,
+        512,
+        2048,
+        103424,
+    )
     assert fw.layer_types == ["hca", "mla_dsa", "hca", "hca"] and fw.num_hidden_layers == 4
     assert (fw.bos_token_id, fw.eos_token_id) == (1, 2)
     assert preset_config("full-width").num_hidden_layers == 4

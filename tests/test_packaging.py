@@ -36,8 +36,11 @@ def test_installed_wheel_imports_both_kernels_packages(wheel, tmp_path):
     target = tmp_path / "site"
     subprocess.run(
         [sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target), str(wheel)],
-        check=True, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     code = (
         f"import sys; sys.path.insert(0, {str(target)!r}); "
         "import kernels, sglang_ernie55.kernels as ours; "

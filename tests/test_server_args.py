@@ -26,11 +26,21 @@ from sglang_ernie55.configuration import ARCH_MAIN, tiny_config
 REPO = Path(__file__).resolve().parents[1]
 
 QWEN3_MOE_TINY = {
-    "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "vocab_size": 512, "hidden_size": 64,
-    "intermediate_size": 128, "moe_intermediate_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
-    "num_key_value_heads": 2, "head_dim": 16, "num_experts": 8, "num_experts_per_tok": 2,
-    "max_position_embeddings": 1048576, "torch_dtype": "bfloat16",
-}  # fmt: skip
+    "architectures": ["Qwen3MoeForCausalLM"],
+    "model_type": "qwen3_moe",
+    "vocab_size": 512,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "moe_intermediate_size": 32,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "num_experts": 8,
+    "num_experts_per_tok": 2,
+    "max_position_embeddings": 1048576,
+    "torch_dtype": "bfloat16",
+}
 
 
 def _write_checkpoint(path: Path, config: dict) -> str:
@@ -70,8 +80,11 @@ def test_defaults_when_not_given(ernie):
     sa = resolve(ernie)
     d = sa.resolved_dict()
     assert (d["attention_backend"], d["page_size"], d["swa_full_tokens_ratio"], d["kv_cache_dtype"]) == (
-        "ernie55", 256, 0.1, "fp8_e4m3",
-    )  # fmt: skip
+        "ernie55",
+        256,
+        0.1,
+        "fp8_e4m3",
+    )
     # the raw fields keep what the user typed (nothing)
     assert (sa.attention_backend, sa.page_size, sa.swa_full_tokens_ratio, sa.kv_cache_dtype) == (
         None,
@@ -237,8 +250,12 @@ def test_a2a_backend_must_be_none_under_pp(ernie):
 # ============================================================================================ ECHO
 def test_echo_defaults(ernie):
     d = resolved(ernie, "--speculative-algorithm", "EAGLE")
-    assert (d["speculative_algorithm"], d["speculative_num_steps"], d["speculative_eagle_topk"],
-            d["speculative_num_draft_tokens"]) == ("EAGLE", 2, 1, 3)  # fmt: skip
+    assert (
+        d["speculative_algorithm"],
+        d["speculative_num_steps"],
+        d["speculative_eagle_topk"],
+        d["speculative_num_draft_tokens"],
+    ) == ("EAGLE", 2, 1, 3)
     assert d["speculative_draft_model_path"] == ernie  # ECHO ships in the checkpoint
 
 
@@ -247,20 +264,38 @@ def test_echo_defaults(ernie):
 def test_echo_steps_and_draft_tokens(ernie, algo, steps):
     d = resolved(ernie, "--speculative-algorithm", algo, "--speculative-num-steps", str(steps))
     assert (d["speculative_algorithm"], d["speculative_num_draft_tokens"], d["speculative_eagle_topk"]) == (
-        "EAGLE", steps + 1, 1,
-    )  # fmt: skip
+        "EAGLE",
+        steps + 1,
+        1,
+    )
 
 
 def test_echo_vendor_command_is_legal(ernie):
-    d = resolved(ernie, "--speculative-algorithm", "EAGLE", "--speculative-num-steps", "2",
-                 "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "3")  # fmt: skip
+    d = resolved(
+        ernie,
+        "--speculative-algorithm",
+        "EAGLE",
+        "--speculative-num-steps",
+        "2",
+        "--speculative-eagle-topk",
+        "1",
+        "--speculative-num-draft-tokens",
+        "3",
+    )
     assert (d["speculative_num_steps"], d["speculative_num_draft_tokens"]) == (2, 3)
 
 
 @pytest.mark.parametrize("topk", ["2", "4"])
 def test_echo_topk_must_be_1(ernie, topk):
-    e = rejects(ernie, "--speculative-algorithm", "EAGLE", "--speculative-num-steps", "2",
-                "--speculative-eagle-topk", topk)  # fmt: skip
+    e = rejects(
+        ernie,
+        "--speculative-algorithm",
+        "EAGLE",
+        "--speculative-num-steps",
+        "2",
+        "--speculative-eagle-topk",
+        topk,
+    )
     assert e.flag == "--speculative-eagle-topk" and "chain" in str(e)
 
 
@@ -385,17 +420,33 @@ CONTROL_CASES = [
     ["--tp", "16"],
     ["--tp", "2", "--moe-a2a-backend", "deepep"],
     ["--tp", "4", "--pp-size", "2", "--moe-a2a-backend", "deepep"],
-    ["--speculative-algorithm", "EAGLE", "--speculative-num-steps", "2", "--speculative-eagle-topk", "4",
-     "--speculative-num-draft-tokens", "8"],
-    ["--speculative-algorithm", "EAGLE", "--speculative-num-steps", "5", "--speculative-eagle-topk", "1",
-     "--speculative-num-draft-tokens", "6"],
+    [
+        "--speculative-algorithm",
+        "EAGLE",
+        "--speculative-num-steps",
+        "2",
+        "--speculative-eagle-topk",
+        "4",
+        "--speculative-num-draft-tokens",
+        "8",
+    ],
+    [
+        "--speculative-algorithm",
+        "EAGLE",
+        "--speculative-num-steps",
+        "5",
+        "--speculative-eagle-topk",
+        "1",
+        "--speculative-num-draft-tokens",
+        "6",
+    ],
     ["--speculative-algorithm", "NGRAM"],
     ["--speculative-algorithm", "DSPARK"],  # SGLang's own CPU error, not ours
     ["--reasoning-parser", "deepseek-r1"],
     ["--tool-call-parser", "qwen"],
     ["--enable-hierarchical-cache", "--hicache-size", "100"],
     ["--context-length", "1048576"],
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize("flags", CONTROL_CASES, ids=lambda f: " ".join(f))
@@ -461,7 +512,9 @@ def test_prefill_cuda_graph_off_by_default(ernie, qwen, device, caplog):
     graphs = resolve_server_args(["--model-path", ernie], device=device).resolved_dict()["cuda_graph_config"]
     assert graphs["prefill"]["backend"] == "disabled"
     assert graphs["decode"]["backend"] != "disabled"
-    theirs = resolve_server_args(["--model-path", qwen, "--cuda-graph-backend-prefill", "breakable"], device=device)
+    theirs = resolve_server_args(
+        ["--model-path", qwen, "--cuda-graph-backend-prefill", "breakable"], device=device
+    )
     assert theirs.resolved_dict()["cuda_graph_config"]["prefill"]["backend"] == "breakable"
 
 
@@ -470,7 +523,10 @@ def test_prefill_cuda_graph_asked_by_name_is_refused(ernie):
     assert e.flag == "--cuda-graph-backend-prefill" and "disabled" in e.legal
     assert "--disable-prefill-cuda-graph" in str(e)
     # the legacy off switch is fine
-    assert resolved(ernie, "--disable-prefill-cuda-graph")["cuda_graph_config"]["prefill"]["backend"] == "disabled"
+    assert (
+        resolved(ernie, "--disable-prefill-cuda-graph")["cuda_graph_config"]["prefill"]["backend"]
+        == "disabled"
+    )
 
 
 def test_readme_flag_table_is_the_rules_table():

@@ -58,23 +58,27 @@ def check_attention_backend(flag: str, value: str | None) -> None:
     if value is None or value == ATTENTION_BACKEND:
         return
     raise Ernie55ArgumentError(
-        flag, value, ATTENTION_BACKEND,
+        flag,
+        value,
+        ATTENTION_BACKEND,
         "ERNIE-5.5 interleaves HCA layers (a 128-token window plus 1/128-compressed blocks and an "
         "attention sink) with MLA-DSA layers (sparse top-k over a latent cache); only the `ernie55` "
         "backend implements both over this model's KV pools, generic backends would compute another attention.",
         f"Drop {flag}: the model selects `ernie55` by itself.",
-    )  # fmt: skip
+    )
 
 
 def check_page_size(value: int | None) -> None:
     if value is None or value == PAGE_SIZE:
         return
     raise Ernie55ArgumentError(
-        "--page-size", value, PAGE_SIZE,
+        "--page-size",
+        value,
+        PAGE_SIZE,
         f"ERNIE-5.5's KV pools are paged at {PAGE_SIZE} tokens so that a page holds whole 128-token "
         "compressed HCA blocks and whole sliding windows; the `ernie55` backend and pools assume it.",
         "Drop --page-size: the model sets 256 by itself.",
-    )  # fmt: skip
+    )
 
 
 def resolve_kv_cache_dtype(
@@ -152,8 +156,11 @@ def legal_attention_layouts(tp: int, attn_dp: int, attn_cp: int, groups: int) ->
     """The nearest legal settings: the same --tp with the two nearest other --attn-dp-size values, then the
     nearest legal --tp below and above with the same --attn-dp-size / --attn-cp-size."""
     cp = f" --attn-cp-size {attn_cp}" if attn_cp > 1 else ""
-    same_tp = [d for d in range(1, tp + 1)
-               if d != attn_dp and tp % (d * attn_cp) == 0 and groups % (tp // (d * attn_cp)) == 0]  # fmt: skip
+    same_tp = [
+        d
+        for d in range(1, tp + 1)
+        if d != attn_dp and tp % (d * attn_cp) == 0 and groups % (tp // (d * attn_cp)) == 0
+    ]
     same_tp.sort(key=lambda d: (abs(d - attn_dp), d))
     out = [f"--tp {tp} --attn-dp-size {d}{cp} (attention TP {tp // (d * attn_cp)})" for d in same_tp[:2]]
     legal_tps = [attn_dp * attn_cp * g for g in range(1, groups + 1) if groups % g == 0]
@@ -201,11 +208,13 @@ def check_a2a(
     """
     if pp > 1 and backend != "none":
         raise Ernie55ArgumentError(
-            "--moe-a2a-backend", backend, "none (with --pp-size > 1)",
+            "--moe-a2a-backend",
+            backend,
+            "none (with --pp-size > 1)",
             f"with pipeline parallelism (--pp-size {pp}) ERNIE-5.5's MoE all-to-all is not supported: "
             "the deployment guides set --moe-a2a-backend none under PP.",
             "Drop --moe-a2a-backend (or pass none), or drop --pp-size.",
-        )  # fmt: skip
+        )
     if backend != "deepep":
         return
     asked = user_ep if user_ep is not None and 1 < user_ep < DEEPEP_MIN_EP else None
@@ -219,13 +228,15 @@ def check_a2a(
     )
     runs = f" (SGLang would run EP = --tp = {ep} instead, against the --ep you gave)" if ep != bad else ""
     raise Ernie55ArgumentError(
-        "--moe-a2a-backend deepep with --ep", bad, f"--ep >= {DEEPEP_MIN_EP}",
+        "--moe-a2a-backend deepep with --ep",
+        bad,
+        f"--ep >= {DEEPEP_MIN_EP}",
         f"at expert parallel size {bad} each rank holds {per_rank} of the {n_routed_experts} routed experts"
         f"{full_note}, beyond DeepEP's per-rank expert limit; from --ep {DEEPEP_MIN_EP} a rank holds at most "
         f"{FULL_MODEL_ROUTED_EXPERTS // DEEPEP_MIN_EP} of 512. Under deepep SGLang sets the expert parallel "
         f"size to --tp{runs}.",
         f"Use --tp >= {DEEPEP_MIN_EP} with --ep left out or equal to --tp, or drop --moe-a2a-backend deepep.",
-    )  # fmt: skip
+    )
 
 
 class SpecDecision(NamedTuple):
@@ -245,30 +256,38 @@ def resolve_speculative(
     algo = algorithm.upper()
     if algo == "DSPARK":
         raise Ernie55ArgumentError(
-            "--speculative-algorithm", algorithm, SPEC_ALGORITHMS,
+            "--speculative-algorithm",
+            algorithm,
+            SPEC_ALGORITHMS,
             "DSpark drafts exist only for the (unreleased) post-trained ERNIE-5.5; this Base checkpoint "
             "has no DSpark draft. Its speculative decoder is the ECHO layer it ships (MTP-style).",
             "Use --speculative-algorithm EAGLE --speculative-num-steps 2 --speculative-eagle-topk 1 "
             "--speculative-num-draft-tokens 3.",
-        )  # fmt: skip
+        )
     if algo not in SPEC_ALGORITHMS:
         raise Ernie55ArgumentError(
-            "--speculative-algorithm", algorithm, SPEC_ALGORITHMS,
+            "--speculative-algorithm",
+            algorithm,
+            SPEC_ALGORITHMS,
             "ERNIE-5.5's speculative decoder is its ECHO draft layer, run by SGLang's EAGLE worker "
             "(NEXTN is SGLang's alias of it) with chain drafts; other algorithms have no ERNIE-5.5 draft "
             "or need tree verification the `ernie55` backend does not implement.",
-        )  # fmt: skip
+        )
     if topk is not None and topk != SPEC_TOPK:
         raise Ernie55ArgumentError(
-            "--speculative-eagle-topk", topk, SPEC_TOPK,
+            "--speculative-eagle-topk",
+            topk,
+            SPEC_TOPK,
             "ECHO drafts a chain (one candidate per step); the `ernie55` backend has no tree attention.",
             "Pass --speculative-eagle-topk 1 or leave it out.",
-        )  # fmt: skip
+        )
     if steps is not None and steps not in SPEC_STEPS:
         raise Ernie55ArgumentError(
-            "--speculative-num-steps", steps, SPEC_STEPS,
+            "--speculative-num-steps",
+            steps,
+            SPEC_STEPS,
             "the ECHO layer is trained for up to 3 draft steps; 2 take most of the gain (low-latency preset).",
-        )  # fmt: skip
+        )
     s = SPEC_DEFAULT_STEPS if steps is None else steps
     if draft_tokens is not None and draft_tokens != s + 1:
         if draft_tokens in SPEC_STEPS:
@@ -279,21 +298,25 @@ def resolve_speculative(
         else:
             hint = " vLLM's num_speculative_tokens is SGLang's --speculative-num-steps, not the draft-token count."
         raise Ernie55ArgumentError(
-            "--speculative-num-draft-tokens", draft_tokens,
+            "--speculative-num-draft-tokens",
+            draft_tokens,
             f"{s + 1} (= --speculative-num-steps {s} + 1)",
             "with chain drafts SGLang verifies the current token plus one drafted token per step, so the "
             "draft-token count is always steps + 1; any other value silently drafts a different number of "
             f"tokens. Copying vLLM's `num_speculative_tokens` here is the usual mistake.{hint}",
             f"Leave --speculative-num-draft-tokens out (it defaults to steps + 1 = {s + 1}).",
-        )  # fmt: skip
+        )
     return SpecDecision("EAGLE", s, SPEC_TOPK, s + 1)
 
 
 def check_parsers(reasoning_parser: str | None, tool_call_parser: str | None, allow: bool) -> str | None:
     """The Base model emits no reasoning sections or tool calls: refuse a parser unless the operator
     allowed it (SGLANG_ERNIE55_ALLOW_PARSERS=1). Returns a warning text when allowed, else None."""
-    given = [(f, v) for f, v in (("--reasoning-parser", reasoning_parser), ("--tool-call-parser", tool_call_parser))
-             if v is not None]  # fmt: skip
+    given = [
+        (f, v)
+        for f, v in (("--reasoning-parser", reasoning_parser), ("--tool-call-parser", tool_call_parser))
+        if v is not None
+    ]
     if not given:
         return None
     flag, value = given[0]
@@ -307,22 +330,27 @@ def check_parsers(reasoning_parser: str | None, tool_call_parser: str | None, al
             f"{flag} {value} on the ERNIE-5.5 Base model (allowed by SGLANG_ERNIE55_ALLOW_PARSERS=1): {why}"
         )
     raise Ernie55ArgumentError(
-        flag, value, "none (leave it out)", why,
+        flag,
+        value,
+        "none (leave it out)",
+        why,
         "If you serve your own fine-tune of this architecture that does emit that parser's format, set "
         "SGLANG_ERNIE55_ALLOW_PARSERS=1.",
-    )  # fmt: skip
+    )
 
 
 def check_hicache_size(hicache_size: int) -> None:
     if not hicache_size:
         return
     raise Ernie55ArgumentError(
-        "--hicache-size", hicache_size, "0 (unset); size the host cache with --hicache-ratio",
+        "--hicache-size",
+        hicache_size,
+        "0 (unset); size the host cache with --hicache-ratio",
         "ERNIE-5.5's hierarchical cache mirrors several pools (SWA window, compressed HCA, MLA-DSA latents "
         "and indexer keys) whose sizes follow the device pool; a byte size cannot be split across them, a "
         "ratio of the device pool can. (vLLM's offload connector takes bytes per rank; SGLang's takes a ratio.)",
         "Use --enable-hierarchical-cache --hicache-ratio 2.",
-    )  # fmt: skip
+    )
 
 
 PREFILL_GRAPH_WHY = (
@@ -334,9 +362,12 @@ PREFILL_GRAPH_WHY = (
 
 def refuse_prefill_cuda_graph(backend: str) -> None:
     raise Ernie55ArgumentError(
-        "--cuda-graph-backend-prefill", backend, "disabled (the default for this model)", f"{PREFILL_GRAPH_WHY}.",
+        "--cuda-graph-backend-prefill",
+        backend,
+        "disabled (the default for this model)",
+        f"{PREFILL_GRAPH_WHY}.",
         "Drop the flag, or pass --disable-prefill-cuda-graph.",
-    )  # fmt: skip
+    )
 
 
 def long_context_guidance(context_length: int | None, max_running_requests: int | None = None) -> str | None:
@@ -364,50 +395,79 @@ class FlagRule(NamedTuple):
 
 
 ERNIE55_FLAG_RULES: tuple[FlagRule, ...] = (
-    FlagRule("`--attention-backend` (and `--prefill-`, `--decode-`, `--speculative-draft-attention-backend`)",
-             "default `ernie55`; any other value: error"),
+    FlagRule(
+        "`--attention-backend` (and `--prefill-`, `--decode-`, `--speculative-draft-attention-backend`)",
+        "default `ernie55`; any other value: error",
+    ),
     FlagRule("`--page-size`", "default 256; any other value: error"),
-    FlagRule("`--swa-full-tokens-ratio`",
-             "default 0.1; a given value is kept (SGLang checks (0, 1]); sizes the SWA pool of the HCA window "
-             "rows (SGLang refuses a pool below window + one page); `--disable-hybrid-swa-memory` keeps the "
-             "window for every token"),
-    FlagRule("`--kv-cache-dtype` (and `--speculative-draft-kv-cache-dtype`)",
-             "default / `auto` -> `fp8_e4m3` (logged; vLLM's `auto` means BF16); `bf16` -> `bfloat16` (logged); "
-             "`fp8_e4m3`, `bfloat16` kept; vLLM's `fp8` and every other dtype: error naming the legal values "
-             "(on the CLI argparse already refuses `fp8`). A checkpoint whose widths the fp8 layouts cannot tile "
-             "(HCA `head_dim - qk_rope_head_dim` not a multiple of 64, MLA-DSA `kv_lora_rank` not a multiple "
-             "of 128): default / `auto` -> `bfloat16` (logged with the field), `fp8_e4m3`: error naming the "
-             "field"),
-    FlagRule("`--tp`, `--attn-dp-size`, `--attn-cp-size`",
-             "attention TP = tp / attn_dp / attn_cp must divide 8 (o_groups); else error with the computed "
-             "attention TP and the nearest legal settings (`--tp 16 --attn-dp-size 2` is legal)"),
-    FlagRule("`--moe-a2a-backend deepep`",
-             "needs EP >= 4: SGLang runs ep = tp, so `--tp` >= 4, and a given `--ep 2`/`3` is refused too; "
-             "else error (experts per rank vs DeepEP's limit)"),
+    FlagRule(
+        "`--swa-full-tokens-ratio`",
+        "default 0.1; a given value is kept (SGLang checks (0, 1]); sizes the SWA pool of the HCA window "
+        "rows (SGLang refuses a pool below window + one page); `--disable-hybrid-swa-memory` keeps the "
+        "window for every token",
+    ),
+    FlagRule(
+        "`--kv-cache-dtype` (and `--speculative-draft-kv-cache-dtype`)",
+        "default / `auto` -> `fp8_e4m3` (logged; vLLM's `auto` means BF16); `bf16` -> `bfloat16` (logged); "
+        "`fp8_e4m3`, `bfloat16` kept; vLLM's `fp8` and every other dtype: error naming the legal values "
+        "(on the CLI argparse already refuses `fp8`). A checkpoint whose widths the fp8 layouts cannot tile "
+        "(HCA `head_dim - qk_rope_head_dim` not a multiple of 64, MLA-DSA `kv_lora_rank` not a multiple "
+        "of 128): default / `auto` -> `bfloat16` (logged with the field), `fp8_e4m3`: error naming the "
+        "field",
+    ),
+    FlagRule(
+        "`--tp`, `--attn-dp-size`, `--attn-cp-size`",
+        "attention TP = tp / attn_dp / attn_cp must divide 8 (o_groups); else error with the computed "
+        "attention TP and the nearest legal settings (`--tp 16 --attn-dp-size 2` is legal)",
+    ),
+    FlagRule(
+        "`--moe-a2a-backend deepep`",
+        "needs EP >= 4: SGLang runs ep = tp, so `--tp` >= 4, and a given `--ep 2`/`3` is refused too; "
+        "else error (experts per rank vs DeepEP's limit)",
+    ),
     FlagRule("`--moe-a2a-backend` with `--pp-size` > 1", "must be `none`; else error"),
-    FlagRule("`--speculative-algorithm`", "`EAGLE` or `NEXTN` (ECHO); `DSPARK`: error (Base has no DSpark draft); "
-             "others: error. The draft path defaults to the model path (ECHO ships in the checkpoint)"),
+    FlagRule(
+        "`--speculative-algorithm`",
+        "`EAGLE` or `NEXTN` (ECHO); `DSPARK`: error (Base has no DSpark draft); "
+        "others: error. The draft path defaults to the model path (ECHO ships in the checkpoint)",
+    ),
     FlagRule("`--speculative-eagle-topk`", "default 1; any other value: error (chain drafts only)"),
     FlagRule("`--speculative-num-steps`", "default 2 (low-latency preset); legal 1, 2, 3; else error"),
-    FlagRule("`--speculative-num-draft-tokens`",
-             "default steps + 1; any other value: error naming vLLM's `num_speculative_tokens` confusion"),
-    FlagRule("`--reasoning-parser`, `--tool-call-parser`",
-             "error on the Base model; `SGLANG_ERNIE55_ALLOW_PARSERS=1` lets them through with a warning "
-             "(for your own fine-tune that emits that format)"),
+    FlagRule(
+        "`--speculative-num-draft-tokens`",
+        "default steps + 1; any other value: error naming vLLM's `num_speculative_tokens` confusion",
+    ),
+    FlagRule(
+        "`--reasoning-parser`, `--tool-call-parser`",
+        "error on the Base model; `SGLANG_ERNIE55_ALLOW_PARSERS=1` lets them through with a warning "
+        "(for your own fine-tune that emits that format)",
+    ),
     FlagRule("`--hicache-size`", "error: use `--hicache-ratio` (e.g. 2)"),
-    FlagRule("`--enable-deterministic-inference`",
-             "accepted with `ernie55` and the radix cache kept: attention on the Triton kernels with fixed key "
-             "splits (FlashMLA is skipped), SGLang's batch-invariant GEMMs / MoE config; greedy output is then "
-             "bit-identical across batch composition, CUDA graphs, prefix hits and ECHO on / off"),
-    FlagRule("`--cuda-graph-backend-prefill` (prefill CUDA graphs)",
-             "off for this model (logged): the backend's prefill reads host-side lengths a captured graph cannot "
-             "replay; decode, ECHO verify and draft graphs stay on; a prefill graph backend asked for by name: error "
-             "(`--disable-prefill-cuda-graph` is fine)"),
-    FlagRule("`--context-length` > 131072",
-             "warning: also lower `--max-running-requests` (single digits) and `--cuda-graph-max-bs-decode`"),
-    FlagRule("request `n` > 1 under PD disaggregation", "HTTP 400 (sub-requests would share one bootstrap room and hang)"),
-    FlagRule("request `model` != served name", "HTTP 404 up front (SGLang itself serves any name); no `model` field: served"),
-)  # fmt: skip
+    FlagRule(
+        "`--enable-deterministic-inference`",
+        "accepted with `ernie55` and the radix cache kept: attention on the Triton kernels with fixed key "
+        "splits (FlashMLA is skipped), SGLang's batch-invariant GEMMs / MoE config; greedy output is then "
+        "bit-identical across batch composition, CUDA graphs, prefix hits and ECHO on / off",
+    ),
+    FlagRule(
+        "`--cuda-graph-backend-prefill` (prefill CUDA graphs)",
+        "off for this model (logged): the backend's prefill reads host-side lengths a captured graph cannot "
+        "replay; decode, ECHO verify and draft graphs stay on; a prefill graph backend asked for by name: error "
+        "(`--disable-prefill-cuda-graph` is fine)",
+    ),
+    FlagRule(
+        "`--context-length` > 131072",
+        "warning: also lower `--max-running-requests` (single digits) and `--cuda-graph-max-bs-decode`",
+    ),
+    FlagRule(
+        "request `n` > 1 under PD disaggregation",
+        "HTTP 400 (sub-requests would share one bootstrap room and hang)",
+    ),
+    FlagRule(
+        "request `model` != served name",
+        "HTTP 404 up front (SGLang itself serves any name); no `model` field: served",
+    ),
+)
 
 
 def flag_rules_markdown() -> str:

@@ -90,6 +90,11 @@ def make_checkpoint(
 
         tensors = iter_random_tensors(config, seed, device=device)
     return write_checkpoint(
-        out, config, tensors, dtype,
-        max_shard_bytes=max_shard_size or DEFAULT_SHARD_SIZE[preset], force=force, progress=progress,
-    )  # fmt: skip
+        out,
+        config,
+        tensors,
+        dtype,
+        max_shard_bytes=max_shard_size or DEFAULT_SHARD_SIZE[preset],
+        force=force,
+        progress=progress,
+    )

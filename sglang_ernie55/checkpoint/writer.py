@@ -235,8 +235,11 @@ def write_checkpoint(
         if missing:
             raise CheckpointError(f"{len(missing)} tensors missing: " + ", ".join(missing), missing=missing)
         index = shards.finish()
-        _log(progress, f"{len(index['weight_map'])} tensors in {len(shards.shards)} shards, "
-                       f"{shards.total_bytes / 1e6:.1f} MB ({fmt})")  # fmt: skip
+        _log(
+            progress,
+            f"{len(index['weight_map'])} tensors in {len(shards.shards)} shards, "
+            f"{shards.total_bytes / 1e6:.1f} MB ({fmt})",
+        )
         if out.exists():
             old = out.with_name(f".{out.name}.old-{os.getpid()}")
             os.replace(out, old)

@@ -103,19 +103,35 @@ def run(args: argparse.Namespace) -> int:
     if cell.nodes > 1 and not args.dist_init_addr:
         warnings.append("replace NODE0_IP by the address of node 0 (or pass --dist-init-addr HOST:PORT)")
     if args.json:
-        print(json.dumps({
-            "cell": cell.name, "hardware": cell.hardware, "precision": cell.precision, "strategy": cell.strategy,
-            "nodes": cell.nodes, "gpus_per_node": cell.gpus_per_node, "model": cell.model, "env": cell.env,
-            "vendor_verified": cell.vendor_verified, "project_verified": cell.project_verified,
-            "project_date": cell.project_date or None, "commands": entries, "warnings": warnings,
-        }, indent=2))  # fmt: skip
+        print(
+            json.dumps(
+                {
+                    "cell": cell.name,
+                    "hardware": cell.hardware,
+                    "precision": cell.precision,
+                    "strategy": cell.strategy,
+                    "nodes": cell.nodes,
+                    "gpus_per_node": cell.gpus_per_node,
+                    "model": cell.model,
+                    "env": cell.env,
+                    "vendor_verified": cell.vendor_verified,
+                    "project_verified": cell.project_verified,
+                    "project_date": cell.project_date or None,
+                    "commands": entries,
+                    "warnings": warnings,
+                },
+                indent=2,
+            )
+        )
         return 0
 
     verified = f"vendor: {'yes' if cell.vendor_verified else 'no'} ({cell.vendor_note}); " + (
         f"this project: yes, {cell.project_date}" if cell.project_verified else "this project: not yet"
     )
-    print(f"# {cell.name}: {cell.nodes} x {cell.gpus_per_node} {cell.gpu.label} ({cell.gpu.memory_gb:g} GB), "
-          f"{cell.precision.upper()} weights ({cell.model})")  # fmt: skip
+    print(
+        f"# {cell.name}: {cell.nodes} x {cell.gpus_per_node} {cell.gpu.label} ({cell.gpu.memory_gb:g} GB), "
+        f"{cell.precision.upper()} weights ({cell.model})"
+    )
     print(f"# {cell.summary}")
     print(f"# verified by {verified}")
     for e in entries:

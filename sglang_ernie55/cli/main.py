@@ -49,9 +49,11 @@ def build_parser() -> argparse.ArgumentParser:
                 continue
             raise
         p = sub.add_parser(
-            name, help=mod.HELP, description=mod.configure.__doc__ or mod.HELP,
+            name,
+            help=mod.HELP,
+            description=mod.configure.__doc__ or mod.HELP,
             formatter_class=argparse.RawDescriptionHelpFormatter,
-        )  # fmt: skip
+        )
         mod.configure(p)
         p.set_defaults(_run=mod.run)
     return parser

@@ -43,13 +43,26 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--preset", choices=("tiny", "full-width"), default="tiny", help="geometry (default tiny)"
     )
-    parser.add_argument("--layers", type=int, default=None, metavar="N",
-                        help="number of layers (default: tiny 4, full-width 4)")  # fmt: skip
-    parser.add_argument("--init", choices=("reference", "spec"), default=None,
-                        help="weights from the reference model's init (tiny default) or streamed per tensor "
-                             "from the spec (full-width default)")  # fmt: skip
-    parser.add_argument("--max-shard-size", default=None, metavar="SIZE",
-                        help="largest shard, e.g. 4MB, 5GB (default: tiny 4MB, full-width 2GB)")  # fmt: skip
+    parser.add_argument(
+        "--layers",
+        type=int,
+        default=None,
+        metavar="N",
+        help="number of layers (default: tiny 4, full-width 4)",
+    )
+    parser.add_argument(
+        "--init",
+        choices=("reference", "spec"),
+        default=None,
+        help="weights from the reference model's init (tiny default) or streamed per tensor "
+        "from the spec (full-width default)",
+    )
+    parser.add_argument(
+        "--max-shard-size",
+        default=None,
+        metavar="SIZE",
+        help="largest shard, e.g. 4MB, 5GB (default: tiny 4MB, full-width 2GB)",
+    )
     parser.add_argument(
         "--device", default="cpu", help="device for --init spec random draws and FP8 quantization"
     )
@@ -70,9 +83,17 @@ def run(args: argparse.Namespace) -> int:
     progress = None if args.quiet else (lambda msg: print(f"make-tiny: {msg}", file=sys.stderr))
     try:
         out = make_checkpoint(
-            args.out, preset=args.preset, dtype=args.dtype, seed=args.seed, layers=args.layers, init=args.init,
-            max_shard_size=args.max_shard_size, device=args.device, force=args.force, progress=progress,
-        )  # fmt: skip
+            args.out,
+            preset=args.preset,
+            dtype=args.dtype,
+            seed=args.seed,
+            layers=args.layers,
+            init=args.init,
+            max_shard_size=args.max_shard_size,
+            device=args.device,
+            force=args.force,
+            progress=progress,
+        )
     except (FileExistsError, CheckpointError, Ernie55ConfigError, ValueError) as e:
         print(f"make-tiny: {e}", file=sys.stderr)
         return 1

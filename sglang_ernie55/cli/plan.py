@@ -211,9 +211,10 @@ def run(args: argparse.Namespace) -> int:
         print("error: --hardware is required (or --table)", file=sys.stderr)
         return 2
     overrides = dict(
-        kv_cache_dtype=args.kv_cache_dtype, context_length=args.context_length,
+        kv_cache_dtype=args.kv_cache_dtype,
+        context_length=args.context_length,
         max_running_requests=args.max_running_requests,
-    )  # fmt: skip
+    )
     cell_name = None
     try:
         if args.gpus:

@@ -97,8 +97,14 @@ def check_versions() -> list[Check]:
         return out
     out.append(Check("torch", OK, f"torch {torch.__version__}", {"version": torch.__version__}))
     cuda = torch.version.cuda
-    out.append(Check("cuda", OK if cuda else WARN, f"torch built for CUDA {cuda}" if cuda else "torch built without CUDA (CPU only)",
-                     {"torch_cuda": cuda}))  # fmt: skip
+    out.append(
+        Check(
+            "cuda",
+            OK if cuda else WARN,
+            f"torch built for CUDA {cuda}" if cuda else "torch built without CUDA (CPU only)",
+            {"torch_cuda": cuda},
+        )
+    )
     return out
 
 
@@ -118,8 +124,14 @@ def check_entry_point() -> list[Check]:
     out = [Check("entry point", OK, f"ernie55 -> {ep.value}", {"value": ep.value})]
     allowed = envs.sglang_plugins_whitelist()
     if allowed is not None and "ernie55" not in allowed:
-        out.append(Check("SGLANG_PLUGINS", FAIL, f"SGLANG_PLUGINS={','.join(sorted(allowed))} excludes ernie55: "
-                         "SGLang would skip the plugin silently; add ernie55"))  # fmt: skip
+        out.append(
+            Check(
+                "SGLANG_PLUGINS",
+                FAIL,
+                f"SGLANG_PLUGINS={','.join(sorted(allowed))} excludes ernie55: "
+                "SGLang would skip the plugin silently; add ernie55",
+            )
+        )
     else:
         out.append(
             Check("SGLANG_PLUGINS", OK, "unset (all plugins load)" if allowed is None else "includes ernie55")
@@ -223,8 +235,14 @@ def check_gpus(hardware: str | None, precision: str, strategy: str) -> list[Chec
     if hardware:
         try:
             cell = find_cell(hardware, precision, strategy)
-            out.append(Check("cell", OK, f"{cell.name}: {cell.nodes} x {cell.gpus_per_node} {cell.gpu.label}",
-                             {"cell": cell.name}))  # fmt: skip
+            out.append(
+                Check(
+                    "cell",
+                    OK,
+                    f"{cell.name}: {cell.nodes} x {cell.gpus_per_node} {cell.gpu.label}",
+                    {"cell": cell.name},
+                )
+            )
             layout = cell.unimplemented_layout()
             if layout:
                 out.append(Check("layout", FAIL, layout))
@@ -235,9 +253,16 @@ def check_gpus(hardware: str | None, precision: str, strategy: str) -> list[Chec
         return out + [Check("gpus", FAIL, err)]
     if not gpus:
         status = FAIL if cell else WARN
-        return out + [Check("gpus", status, "no CUDA GPU visible (torch.cuda.is_available() is False): this machine "
-                            "cannot serve the model" + (f"; {cell.name} needs {cell.gpus_per_node} {cell.gpu.label} per node" if cell else ""),
-                            {"count": 0})]  # fmt: skip
+        return out + [
+            Check(
+                "gpus",
+                status,
+                "no CUDA GPU visible (torch.cuda.is_available() is False): this machine "
+                "cannot serve the model"
+                + (f"; {cell.name} needs {cell.gpus_per_node} {cell.gpu.label} per node" if cell else ""),
+                {"count": 0},
+            )
+        ]
     names = sorted({g["name"] for g in gpus})
     kinds = {g["name"]: gpu_from_device_name(g["name"]) for g in gpus}
     out.append(Check("gpus", OK, f"{len(gpus)} x {', '.join(names)}", {"gpus": gpus}))
@@ -254,8 +279,14 @@ def check_gpus(hardware: str | None, precision: str, strategy: str) -> list[Chec
         else:
             out.append(Check("gpu model", OK, f"{want.label} as the cell wants"))
         if len(gpus) < cell.gpus_per_node:
-            out.append(Check("gpu count", FAIL, f"{len(gpus)} visible, the cell needs {cell.gpus_per_node} per node"
-                             + (f" on {cell.nodes} nodes" if cell.nodes > 1 else "")))  # fmt: skip
+            out.append(
+                Check(
+                    "gpu count",
+                    FAIL,
+                    f"{len(gpus)} visible, the cell needs {cell.gpus_per_node} per node"
+                    + (f" on {cell.nodes} nodes" if cell.nodes > 1 else ""),
+                )
+            )
         else:
             extra = (
                 f" (the cell uses {cell.gpus_per_node}; set CUDA_VISIBLE_DEVICES)"
@@ -302,8 +333,14 @@ def check_server(url: str, cell_model: str | None) -> list[Check]:
     ids = [m.get("id") for m in body.get("data", []) if isinstance(m, dict)]
     out = [Check("server", OK, f"{target}: serving {ids}", {"models": ids})]
     if cell_model and cell_model not in ids:
-        out.append(Check("served name", WARN, f"the cell's model {cell_model!r} is not among {ids}: requests must use "
-                         "the served name in their `model` field"))  # fmt: skip
+        out.append(
+            Check(
+                "served name",
+                WARN,
+                f"the cell's model {cell_model!r} is not among {ids}: requests must use "
+                "the served name in their `model` field",
+            )
+        )
     return out
 
 

@@ -86,16 +86,47 @@ DROPPED_VALUE = {
 }
 
 # Flags of the SGLang command line that a vLLM command cannot contain.
-SGLANG_ONLY = ("--attn-dp-size", "--attn-cp-size", "--page-size", "--hicache-ratio", "--enable-dp-lm-head",
-               "--moe-a2a-backend", "--tp", "--tp-size", "--ep", "--ep-size", "--model-path",
-               "--context-length", "--max-running-requests", "--mem-fraction-static")  # fmt: skip
+SGLANG_ONLY = (
+    "--attn-dp-size",
+    "--attn-cp-size",
+    "--page-size",
+    "--hicache-ratio",
+    "--enable-dp-lm-head",
+    "--moe-a2a-backend",
+    "--tp",
+    "--tp-size",
+    "--ep",
+    "--ep-size",
+    "--model-path",
+    "--context-length",
+    "--max-running-requests",
+    "--mem-fraction-static",
+)
 
-SHORT = {"-tp": "--tensor-parallel-size", "-dp": "--data-parallel-size", "-pp": "--pipeline-parallel-size",
-         "-q": "--quantization", "-ep": "--enable-expert-parallel"}  # fmt: skip
-BOOL_FLAGS = {"--enable-expert-parallel", "--trust-remote-code", "--enforce-eager", "--no-enable-prefix-caching",
-              "--headless", *DROPPED_BOOL}  # fmt: skip
-MULTINODE = ("--data-parallel-size-local", "--data-parallel-address", "--data-parallel-rpc-port",
-             "--data-parallel-start-rank", "--headless", "--data-parallel-hybrid-lb", "--data-parallel-external-lb")  # fmt: skip
+SHORT = {
+    "-tp": "--tensor-parallel-size",
+    "-dp": "--data-parallel-size",
+    "-pp": "--pipeline-parallel-size",
+    "-q": "--quantization",
+    "-ep": "--enable-expert-parallel",
+}
+BOOL_FLAGS = {
+    "--enable-expert-parallel",
+    "--trust-remote-code",
+    "--enforce-eager",
+    "--no-enable-prefix-caching",
+    "--headless",
+    *DROPPED_BOOL,
+}
+MULTINODE = (
+    "--data-parallel-size-local",
+    "--data-parallel-address",
+    "--data-parallel-rpc-port",
+    "--data-parallel-start-rank",
+    "--headless",
+    "--data-parallel-hybrid-lb",
+    "--data-parallel-external-lb",
+)
 
 
 def _split(argv: list[str]) -> tuple[dict[str, str], list[str]]:
@@ -171,8 +202,16 @@ def _speculative(raw: str, t: Translation) -> None:
         t.notes.append(
             "--speculative-config: draft model / draft TP ignored: ECHO lives in the checkpoint and runs at the target's TP"
         )
-    t.add("--speculative-algorithm", "EAGLE", "--speculative-num-steps", k, "--speculative-eagle-topk", 1,
-          "--speculative-num-draft-tokens", k + 1)  # fmt: skip
+    t.add(
+        "--speculative-algorithm",
+        "EAGLE",
+        "--speculative-num-steps",
+        k,
+        "--speculative-eagle-topk",
+        1,
+        "--speculative-num-draft-tokens",
+        k + 1,
+    )
     t.notes.append(
         f"--speculative-config {{method: {method}, num_speculative_tokens: {k}}} -> ECHO with "
         f"--speculative-num-steps {k} --speculative-eagle-topk 1 --speculative-num-draft-tokens {k + 1}: vLLM counts "
@@ -243,8 +282,10 @@ def translate(argv: list[str]) -> Translation:
         return translate_router(args[1:])
     if args[:2] == ["vllm", "serve"]:
         args = args[2:]
-    elif args[:3] in (["python", "-m", "vllm.entrypoints.openai.api_server"],
-                      ["python3", "-m", "vllm.entrypoints.openai.api_server"]):  # fmt: skip
+    elif args[:3] in (
+        ["python", "-m", "vllm.entrypoints.openai.api_server"],
+        ["python3", "-m", "vllm.entrypoints.openai.api_server"],
+    ):
         args = args[3:]
     elif args[:1] == ["sglang"] or args[:3] == ["python", "-m", "sglang.launch_server"]:
         raise TranslateError("this is already an SGLang command")
@@ -484,8 +525,18 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if args.json:
-        print(json.dumps({"command": None if t.errors else t.command, "argv": t.argv, "env": t.env,
-                          "notes": t.notes, "errors": t.errors}, indent=2))  # fmt: skip
+        print(
+            json.dumps(
+                {
+                    "command": None if t.errors else t.command,
+                    "argv": t.argv,
+                    "env": t.env,
+                    "notes": t.notes,
+                    "errors": t.errors,
+                },
+                indent=2,
+            )
+        )
         return 2 if t.errors else 0
     if t.errors:
         for e in t.errors:

@@ -141,15 +141,19 @@ class Cell:
         from ..args.rules import DEFAULT_ATTENTION_OUTPUT_GROUPS as groups
 
         used = [f"--{n} {v}" for n, v in (("attn-dp-size", dp), ("attn-cp-size", cp)) if v > 1]
-        head = (f"this recipe uses {' and '.join(used)} (the deployment guides' recipe, docs/server-args.md "
-                '"Deployment facts"), which this version of sglang-ernie55 does not '
-                "implement: the server refuses it when the model is built (docs/serving-design.md section 8). ")
+        head = (
+            f"this recipe uses {' and '.join(used)} (the deployment guides' recipe, docs/server-args.md "
+            '"Deployment facts"), which this version of sglang-ernie55 does not '
+            "implement: the server refuses it when the model is built (docs/serving-design.md section 8). "
+        )
         tp = self.int_flag("tp-size", self.int_flag("tp", 1))
         drop = " / ".join(u.split()[0] for u in used)
         if groups % tp == 0:
             return head + f"Meanwhile serve with the same command without {drop} (attention TP {tp})."
-        return head + (f"Without {drop} the attention TP would be {tp}, which does not divide the {groups} HCA output "
-                       "groups: this cell has no layout that runs in this version.")
+        return head + (
+            f"Without {drop} the attention TP would be {tp}, which does not divide the {groups} HCA output "
+            "groups: this cell has no layout that runs in this version."
+        )
 
     def flag_argv(self) -> list[str]:
         """The cell's own flags as argv (no model path, no node or network flags)."""
@@ -190,8 +194,22 @@ class Cell:
         return " ".join([*env, "sglang", "serve", *map(shlex.quote, self.serve_argv(**kw))])
 
     def docker_command(self, image: str = DEFAULT_IMAGE, name: str = "ernie55", **kw: Any) -> str:
-        parts = ["docker", "run", "-d", "-it", "--name", name, "--gpus", "all", "--network", "host",
-                 "--ipc", "host", "-v", HF_CACHE_MOUNT]  # fmt: skip
+        parts = [
+            "docker",
+            "run",
+            "-d",
+            "-it",
+            "--name",
+            name,
+            "--gpus",
+            "all",
+            "--network",
+            "host",
+            "--ipc",
+            "host",
+            "-v",
+            HF_CACHE_MOUNT,
+        ]
         for k, v in self.env.items():
             parts += ["-e", f"{k}={v}"]
         parts += [image, "sglang", "serve", *self.serve_argv(**kw)]
@@ -241,12 +259,20 @@ def _parse(name: str, text: str) -> Cell:
                 f"cell {name}: project = true needs project_date as YYYY-MM-DD, got {date!r}"
             ) from e
     return Cell(
-        name=name, hardware=c["hardware"], precision=c["precision"], strategy=c["strategy"],
-        nodes=int(c["nodes"]), gpus_per_node=int(c["gpus_per_node"]), summary=str(c["summary"]),
-        flags=dict(flags), env={k: str(x) for k, x in env.items()},
-        vendor_verified=bool(v.get("vendor", False)), vendor_note=str(v.get("vendor_note", "")),
-        project_verified=project, project_date=date,
-    )  # fmt: skip
+        name=name,
+        hardware=c["hardware"],
+        precision=c["precision"],
+        strategy=c["strategy"],
+        nodes=int(c["nodes"]),
+        gpus_per_node=int(c["gpus_per_node"]),
+        summary=str(c["summary"]),
+        flags=dict(flags),
+        env={k: str(x) for k, x in env.items()},
+        vendor_verified=bool(v.get("vendor", False)),
+        vendor_note=str(v.get("vendor_note", "")),
+        project_verified=project,
+        project_date=date,
+    )
 
 
 def cell_files() -> dict[str, str]:
@@ -285,8 +311,10 @@ def cell_table(cells: dict[str, Cell] | None = None) -> str:
     for c in cells.values():
         layout = f"{c.nodes}x{c.gpus_per_node}" if c.nodes > 1 else str(c.num_gpus)
         proj = c.project_date if c.project_verified else "no"
-        lines.append(f"{c.hardware:8} {c.precision:9} {c.strategy:15} {layout:>12}  "
-                     f"{'yes' if c.vendor_verified else 'no':6}  {proj}")  # fmt: skip
+        lines.append(
+            f"{c.hardware:8} {c.precision:9} {c.strategy:15} {layout:>12}  "
+            f"{'yes' if c.vendor_verified else 'no':6}  {proj}"
+        )
     return "\n".join(lines)
 
 

@@ -176,10 +176,17 @@ class Layout:
     def from_cell(cls, cell: Cell, **overrides: Any) -> Layout:
         f = cell.flags
         kw: dict[str, Any] = dict(
-            gpu=cell.gpu, precision=cell.precision, nodes=cell.nodes, gpus_per_node=cell.gpus_per_node,
-            tp=int(f.get("tp-size", 1)), attn_dp=int(f.get("attn-dp-size", 1)),
-            attn_cp=int(f.get("attn-cp-size", 1)), pp=int(f.get("pp-size", 1)), dp=int(f.get("dp-size", 1)),
-            ep=int(f.get("ep-size", 1)), enable_dp_lm_head=bool(f.get("enable-dp-lm-head", False)),
+            gpu=cell.gpu,
+            precision=cell.precision,
+            nodes=cell.nodes,
+            gpus_per_node=cell.gpus_per_node,
+            tp=int(f.get("tp-size", 1)),
+            attn_dp=int(f.get("attn-dp-size", 1)),
+            attn_cp=int(f.get("attn-cp-size", 1)),
+            pp=int(f.get("pp-size", 1)),
+            dp=int(f.get("dp-size", 1)),
+            ep=int(f.get("ep-size", 1)),
+            enable_dp_lm_head=bool(f.get("enable-dp-lm-head", False)),
             speculative=bool(f.get("speculative-algorithm")),
             kv_cache_dtype=str(f.get("kv-cache-dtype", "fp8_e4m3")),
             context_length=int(f.get("context-length", DEFAULT_CONTEXT)),
@@ -187,7 +194,7 @@ class Layout:
             chunked_prefill_size=int(f.get("chunked-prefill-size", DEFAULT_CHUNKED_PREFILL)),
             swa_full_tokens_ratio=float(f.get("swa-full-tokens-ratio", SWA_FULL_TOKENS_RATIO)),
             hicache_ratio=float(f["hicache-ratio"]) if "hicache-ratio" in f else None,
-        )  # fmt: skip
+        )
         kw.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**kw)
 
@@ -197,8 +204,15 @@ class Layout:
         DP keeps the attention TP at 8 (the HCA output groups)."""
         attn_dp = max(1, num_gpus // 8)
         nodes = max(1, math.ceil(num_gpus / gpu.gpus_per_node))
-        return cls(gpu=gpu, precision=precision, tp=num_gpus, attn_dp=attn_dp, nodes=nodes,
-                   gpus_per_node=min(num_gpus, gpu.gpus_per_node), **kw)  # fmt: skip
+        return cls(
+            gpu=gpu,
+            precision=precision,
+            tp=num_gpus,
+            attn_dp=attn_dp,
+            nodes=nodes,
+            gpus_per_node=min(num_gpus, gpu.gpus_per_node),
+            **kw,
+        )
 
 
 # ------------------------------------------------------------------------------------------ KV
@@ -276,24 +290,37 @@ class Plan:
     def as_dict(self) -> dict[str, Any]:
         L = self.layout
         return {
-            "hardware": L.gpu.key, "gpu_memory_gb": L.gpu.memory_gb, "precision": L.precision,
-            "gpus": L.num_gpus, "nodes": L.nodes, "tp": L.tp, "attn_dp": L.attn_dp, "attn_cp": L.attn_cp,
-            "attn_tp": L.attn_tp, "kv_cache_dtype": L.kv_cache_dtype, "context_length": L.context_length,
+            "hardware": L.gpu.key,
+            "gpu_memory_gb": L.gpu.memory_gb,
+            "precision": L.precision,
+            "gpus": L.num_gpus,
+            "nodes": L.nodes,
+            "tp": L.tp,
+            "attn_dp": L.attn_dp,
+            "attn_cp": L.attn_cp,
+            "attn_tp": L.attn_tp,
+            "kv_cache_dtype": L.kv_cache_dtype,
+            "context_length": L.context_length,
             "max_running_requests": L.max_running_requests,
             "weights_gb_per_gpu": round(self.weights_total / GB, 2),
             "weights_gb_by_group": {k: round(v / GB, 3) for k, v in self.weights.items()},
-            "reserve_gb": round(self.reserve / GB, 2), "prefill_scratch_gb": round(self.scratch / GB, 2),
-            "request_state_gb": round(self.state / GB, 2), "kv_pool_gb": round(self.kv_pool / GB, 2),
+            "reserve_gb": round(self.reserve / GB, 2),
+            "prefill_scratch_gb": round(self.scratch / GB, 2),
+            "request_state_gb": round(self.state / GB, 2),
+            "kv_pool_gb": round(self.kv_pool / GB, 2),
             "kv_bytes_per_token_per_layer": self.kv_per_token,
             "pool_bytes_per_token": {k: round(v, 1) for k, v in self.pool_per_token.items()},
-            "max_tokens_per_rank": self.max_tokens_per_rank, "max_tokens_server": self.max_tokens_server,
+            "max_tokens_per_rank": self.max_tokens_per_rank,
+            "max_tokens_server": self.max_tokens_server,
             "swa_tokens_per_rank": self.swa_tokens_per_rank,
             "max_context_at_max_running_requests": (
                 self.max_context_at(L.max_running_requests) if L.max_running_requests else None
             ),
             "max_concurrency_at_context_length": self.max_concurrency_at(L.context_length),
-            "fits": self.fits, "reasons": self.reasons, "notes": self.notes,
-        }  # fmt: skip
+            "fits": self.fits,
+            "reasons": self.reasons,
+            "notes": self.notes,
+        }
 
 
 def plan(cfg, layout: Layout) -> Plan:
@@ -370,8 +397,22 @@ def plan(cfg, layout: Layout) -> Plan:
         notes.append(
             f"HiCache adds a host pool of {L.hicache_ratio:g}x the GPU KV pool ({L.hicache_ratio * kv_pool / GB:.0f} GB host RAM per GPU)"
         )
-    return Plan(L, weights, reserve, scratch, state, kv_pool, kv, per_tok, max_tokens,
-                max_tokens * L.kv_ranks * L.attn_cp, swa_tokens, fits, reasons, notes)  # fmt: skip
+    return Plan(
+        L,
+        weights,
+        reserve,
+        scratch,
+        state,
+        kv_pool,
+        kv,
+        per_tok,
+        max_tokens,
+        max_tokens * L.kv_ranks * L.attn_cp,
+        swa_tokens,
+        fits,
+        reasons,
+        notes,
+    )
 
 
 def minimum_gpus(cfg, gpu: Gpu, precision: str, **kw: Any) -> tuple[int, Plan]:

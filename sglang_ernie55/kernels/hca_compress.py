@@ -41,11 +41,21 @@ def _check_ratio(ratio: int) -> None:
 
 
 def hca_compress_store(
-    pool: torch.Tensor, g: Geometry, kvs: torch.Tensor, state: torch.Tensor, ape: torch.Tensor,
-    norm_w: torch.Tensor, eps: float, cos: torch.Tensor, sin: torch.Tensor,
-    job_req_slot: torch.Tensor, job_block: torch.Tensor, job_ext_start: torch.Tensor,
-    job_tok_start: torch.Tensor, job_out_slot: torch.Tensor,
-) -> None:  # fmt: skip
+    pool: torch.Tensor,
+    g: Geometry,
+    kvs: torch.Tensor,
+    state: torch.Tensor,
+    ape: torch.Tensor,
+    norm_w: torch.Tensor,
+    eps: float,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    job_req_slot: torch.Tensor,
+    job_block: torch.Tensor,
+    job_ext_start: torch.Tensor,
+    job_tok_start: torch.Tensor,
+    job_out_slot: torch.Tensor,
+) -> None:
     """Compress J blocks (one program each; a job with out_slot -1 is skipped, so J may be padded).
 
     pool:   compressed pool, uint8 [pages, g.page_bytes]; g = hca_geometry(dtype, D, rope, page_size=256 // R).
@@ -66,12 +76,19 @@ def hca_compress_store(
     check(ape.dim() == 2 and ape.shape[1] == D, f"ape: fp32 [ratio, {D}], got {tuple(ape.shape)}")
     R = ape.shape[0]
     _check_ratio(R)
-    check(kvs.dim() == 2 and kvs.shape[1] == 2 * D and kvs.dtype == torch.float32 and kvs.stride(1) == 1,
-          f"kvs: fp32 [N, {2 * D}] with contiguous last dim, got {kvs.dtype} {tuple(kvs.shape)}")  # fmt: skip
-    check(state.dim() == 3 and state.shape[1] in (R, 2 * R) and state.shape[2] == 2 * D
-          and state.dtype == torch.float32 and state.stride(2) == 1,
-          f"state: fp32 [slots, {R} or {2 * R} (ring of 1 or 2 blocks), {2 * D}], got {state.dtype} "
-          f"{tuple(state.shape)}")  # fmt: skip
+    check(
+        kvs.dim() == 2 and kvs.shape[1] == 2 * D and kvs.dtype == torch.float32 and kvs.stride(1) == 1,
+        f"kvs: fp32 [N, {2 * D}] with contiguous last dim, got {kvs.dtype} {tuple(kvs.shape)}",
+    )
+    check(
+        state.dim() == 3
+        and state.shape[1] in (R, 2 * R)
+        and state.shape[2] == 2 * D
+        and state.dtype == torch.float32
+        and state.stride(2) == 1,
+        f"state: fp32 [slots, {R} or {2 * R} (ring of 1 or 2 blocks), {2 * D}], got {state.dtype} "
+        f"{tuple(state.shape)}",
+    )
     check(
         ape.shape == (R, D) and ape.dtype == torch.float32 and ape.is_contiguous(),
         f"ape: fp32 [{R}, {D}] contiguous",
@@ -82,24 +99,59 @@ def hca_compress_store(
     )
     half = g.rope // 2
     for n, t in (("cos", cos), ("sin", sin)):
-        check(t.dim() == 2 and t.shape[1] == half and t.dtype == torch.float32 and t.stride(1) == 1,
-              f"{n}: fp32 [max_pos, {half}], got {t.dtype} {tuple(t.shape)}")  # fmt: skip
+        check(
+            t.dim() == 2 and t.shape[1] == half and t.dtype == torch.float32 and t.stride(1) == 1,
+            f"{n}: fp32 [max_pos, {half}], got {t.dtype} {tuple(t.shape)}",
+        )
     check(cos.stride(0) == sin.stride(0), "cos and sin: same row stride")
     J = job_out_slot.shape[0]
-    for n, t in (("job_req_slot", job_req_slot), ("job_block", job_block), ("job_ext_start", job_ext_start),
-                 ("job_tok_start", job_tok_start), ("job_out_slot", job_out_slot)):  # fmt: skip
+    for n, t in (
+        ("job_req_slot", job_req_slot),
+        ("job_block", job_block),
+        ("job_ext_start", job_ext_start),
+        ("job_tok_start", job_tok_start),
+        ("job_out_slot", job_out_slot),
+    ):
         check(
             t.shape == (J,) and t.dtype in (torch.int32, torch.int64) and t.is_contiguous(), f"{n}: int [{J}]"
         )
     if J == 0:
         return
     hca_compress_kernel[(J,)](
-        kvs, kvs.stride(0), state, state.stride(0), state.stride(1), ape, norm_w, cos, sin, cos.stride(0),
-        job_req_slot, job_block, job_ext_start, job_tok_start, job_out_slot, float(eps), state.shape[1],
-        *pool_views(pool), a.page_size, a.page_bytes, a.data_stride, a.scale_base, a.scale_stride,
-        D=D, HALF_P=a.main_p // 2, ROPE=g.rope, RATIO=R, RB=min(16, R), KIND=a.kind, NOPE=a.nope, TILE=a.tile,
-        SCALE_BYTES=g.scale_stride if a.kind == 1 else 0, num_warps=4,
-    )  # fmt: skip
+        kvs,
+        kvs.stride(0),
+        state,
+        state.stride(0),
+        state.stride(1),
+        ape,
+        norm_w,
+        cos,
+        sin,
+        cos.stride(0),
+        job_req_slot,
+        job_block,
+        job_ext_start,
+        job_tok_start,
+        job_out_slot,
+        float(eps),
+        state.shape[1],
+        *pool_views(pool),
+        a.page_size,
+        a.page_bytes,
+        a.data_stride,
+        a.scale_base,
+        a.scale_stride,
+        D=D,
+        HALF_P=a.main_p // 2,
+        ROPE=g.rope,
+        RATIO=R,
+        RB=min(16, R),
+        KIND=a.kind,
+        NOPE=a.nope,
+        TILE=a.tile,
+        SCALE_BYTES=g.scale_stride if a.kind == 1 else 0,
+        num_warps=4,
+    )
 
 
 def hca_state_update(
@@ -127,8 +179,10 @@ def hca_state_update(
         state.dim() == 3 and state.shape[1] in (R, 2 * R) and state.stride(2) == 1,
         f"state: [slots, {R} or {2 * R} (ring of 1 or 2 blocks), 2D], got {tuple(state.shape)}",
     )
-    check(kvs.shape == (N, state.shape[2]) and kvs.dtype == state.dtype == torch.float32 and kvs.stride(1) == 1,
-          f"kvs: fp32 [N, {state.shape[2]}]")  # fmt: skip
+    check(
+        kvs.shape == (N, state.shape[2]) and kvs.dtype == state.dtype == torch.float32 and kvs.stride(1) == 1,
+        f"kvs: fp32 [N, {state.shape[2]}]",
+    )
     for n, t in (("positions", positions), ("req_slot", req_slot), ("seq_lens", seq_lens)):
         check(
             t.shape == (N,) and t.dtype in (torch.int32, torch.int64) and t.is_contiguous(), f"{n}: int [{N}]"
@@ -137,9 +191,20 @@ def hca_state_update(
     if N == 0:
         return
     hca_state_update_kernel[(N,)](
-        kvs, kvs.stride(0), state, state.stride(0), state.stride(1), positions, req_slot, seq_lens,
-        W=W, W_P=triton.next_power_of_2(W), RATIO=R, RING=state.shape[1], num_warps=4,
-    )  # fmt: skip
+        kvs,
+        kvs.stride(0),
+        state,
+        state.stride(0),
+        state.stride(1),
+        positions,
+        req_slot,
+        seq_lens,
+        W=W,
+        W_P=triton.next_power_of_2(W),
+        RATIO=R,
+        RING=state.shape[1],
+        num_warps=4,
+    )
 
 
 def plan_compress_jobs(

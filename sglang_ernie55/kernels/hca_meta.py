@@ -18,9 +18,15 @@ from .layout import HCA_COMPRESS_RATIO, HCA_WINDOW, PAGE_SIZE
 
 
 def hca_indices(
-    win_pages: torch.Tensor, cmp_pages: torch.Tensor, q_req: torch.Tensor, q_pos: torch.Tensor, cmp_width: int,
-    window: int = HCA_WINDOW, ratio: int = HCA_COMPRESS_RATIO, page_size: int = PAGE_SIZE,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    win_pages: torch.Tensor,
+    cmp_pages: torch.Tensor,
+    q_req: torch.Tensor,
+    q_pos: torch.Tensor,
+    cmp_width: int,
+    window: int = HCA_WINDOW,
+    ratio: int = HCA_COMPRESS_RATIO,
+    page_size: int = PAGE_SIZE,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """win_pages / cmp_pages int32 [B, pages]; q_req, q_pos int [T]; cmp_width: static row width
     (>= max (p + 1) // ratio, a multiple of 64 for FlashMLA); window / ratio: the layer's window_size /
     compress_ratio (the defaults are the full-size model's). Returns (win_idx int32 [T, window], win_len int32

@@ -18,10 +18,20 @@ from .layout import Geometry, KVLayout
 
 
 def indexer_logits(
-    qI: torch.Tensor, w: torch.Tensor, pool: torch.Tensor, g: Geometry, page_table: torch.Tensor,
-    q_req: torch.Tensor, q_pos: torch.Tensor, max_len: int, out: torch.Tensor | None = None,
-    keys_per_prog: int = 1024, block_n: int = 64, num_warps: int = 4, num_stages: int = 3,
-) -> torch.Tensor:  # fmt: skip
+    qI: torch.Tensor,
+    w: torch.Tensor,
+    pool: torch.Tensor,
+    g: Geometry,
+    page_table: torch.Tensor,
+    q_req: torch.Tensor,
+    q_pos: torch.Tensor,
+    max_len: int,
+    out: torch.Tensor | None = None,
+    keys_per_prog: int = 1024,
+    block_n: int = 64,
+    num_warps: int = 4,
+    num_stages: int = 3,
+) -> torch.Tensor:
     """Returns logits fp32 [T, max_len]: I(t, s) for s <= q_pos[t], -inf for s > q_pos[t].
 
     qI:         bf16 [T, nI, dI] (dI = g.dim: 128 at full size, any even width; RoPE already applied),
@@ -36,11 +46,15 @@ def indexer_logits(
     check_pool(pool, g, "indexer_logits.pool")
     a = pool_args(g)
     T, NI, DI = qI.shape
-    check(qI.dim() == 3 and DI == g.dim and qI.dtype in (torch.bfloat16, torch.float32) and qI.stride(2) == 1,
-          f"qI: bf16 (or fp32: IEEE fp32 dots) [T, nI, {g.dim}], got {qI.dtype} {tuple(qI.shape)}")  # fmt: skip
+    check(
+        qI.dim() == 3 and DI == g.dim and qI.dtype in (torch.bfloat16, torch.float32) and qI.stride(2) == 1,
+        f"qI: bf16 (or fp32: IEEE fp32 dots) [T, nI, {g.dim}], got {qI.dtype} {tuple(qI.shape)}",
+    )
     check(w.shape == (T, NI) and w.dtype == torch.float32 and w.stride(1) == 1, f"w: fp32 [{T}, {NI}]")
-    check(page_table.dim() == 2 and page_table.dtype == torch.int32 and page_table.stride(1) == 1,
-          "page_table: int32 [B, max_pages]")  # fmt: skip
+    check(
+        page_table.dim() == 2 and page_table.dtype == torch.int32 and page_table.stride(1) == 1,
+        "page_table: int32 [B, max_pages]",
+    )
     check(
         page_table.shape[1] * g.page_size >= max_len,
         f"page_table: {page_table.shape[1]} pages < max_len {max_len}",
@@ -58,12 +72,37 @@ def indexer_logits(
     keys_per_prog = triton.cdiv(min(keys_per_prog, max_len), block_n) * block_n
     grid = (T, triton.cdiv(max_len, keys_per_prog))
     indexer_logits_kernel[grid](
-        qI, qI.stride(0), qI.stride(1), w, w.stride(0), page_table, page_table.stride(0), q_req, q_pos,
-        out, out.stride(0), max_len, keys_per_prog, NI,
-        *pool_views(pool), a.page_size, a.page_bytes, a.data_stride, a.scale_base, a.scale_stride,
-        KIND=a.kind, DI=DI, DI_P=a.main_p, NOPE=a.nope, TILE=a.tile, BNI=max(16, triton.next_power_of_2(NI)),
-        BN=block_n, DT=dot_dtype(qI.dtype == torch.float32), num_warps=num_warps, num_stages=num_stages,
-    )  # fmt: skip
+        qI,
+        qI.stride(0),
+        qI.stride(1),
+        w,
+        w.stride(0),
+        page_table,
+        page_table.stride(0),
+        q_req,
+        q_pos,
+        out,
+        out.stride(0),
+        max_len,
+        keys_per_prog,
+        NI,
+        *pool_views(pool),
+        a.page_size,
+        a.page_bytes,
+        a.data_stride,
+        a.scale_base,
+        a.scale_stride,
+        KIND=a.kind,
+        DI=DI,
+        DI_P=a.main_p,
+        NOPE=a.nope,
+        TILE=a.tile,
+        BNI=max(16, triton.next_power_of_2(NI)),
+        BN=block_n,
+        DT=dot_dtype(qI.dtype == torch.float32),
+        num_warps=num_warps,
+        num_stages=num_stages,
+    )
     return out
 
 

@@ -42,8 +42,26 @@ def kv_store(pool: torch.Tensor, g: Geometry, loc: torch.Tensor, x: torch.Tensor
         return
     u8, f8, bf, f32 = pool_views(pool)
     kv_store_kernel[(x.shape[0],)](
-        x, x.stride(0), loc, u8, f8, bf, f32,
-        a.page_size, a.page_bytes, a.data_stride, a.scale_base, a.scale_stride,
-        KIND=a.kind, MAIN=a.main, MAIN_P=a.main_p, NOPE=a.nope, TILE=a.tile, TAIL=a.tail, TAIL_P=a.tail_p,
-        TAIL_OFF=a.tail_off, SCALE_BYTES=g.scale_stride if a.kind == 1 else 0, num_warps=4,
-    )  # fmt: skip
+        x,
+        x.stride(0),
+        loc,
+        u8,
+        f8,
+        bf,
+        f32,
+        a.page_size,
+        a.page_bytes,
+        a.data_stride,
+        a.scale_base,
+        a.scale_stride,
+        KIND=a.kind,
+        MAIN=a.main,
+        MAIN_P=a.main_p,
+        NOPE=a.nope,
+        TILE=a.tile,
+        TAIL=a.tail,
+        TAIL_P=a.tail_p,
+        TAIL_OFF=a.tail_off,
+        SCALE_BYTES=g.scale_stride if a.kind == 1 else 0,
+        num_warps=4,
+    )

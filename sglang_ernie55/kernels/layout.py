@@ -136,8 +136,18 @@ def hca_geometry(
         assert nope % HCA_FP8_TILE == 0, f"HCA fp8 needs (dim - rope) % 64 == 0, got {dim}-{rope}"
         data = nope + 2 * rope
         scale = nope // HCA_FP8_TILE + 1
-        return Geometry(KVLayout.HCA_FP8, dim, rope, page_size, data + scale, data, page_size * data, scale,
-                        _ceil_to(page_size * (data + scale), data), HCA_FP8_TILE)  # fmt: skip
+        return Geometry(
+            KVLayout.HCA_FP8,
+            dim,
+            rope,
+            page_size,
+            data + scale,
+            data,
+            page_size * data,
+            scale,
+            _ceil_to(page_size * (data + scale), data),
+            HCA_FP8_TILE,
+        )
     assert kv_dtype in ("bf16", "bfloat16"), kv_dtype
     return Geometry(KVLayout.HCA_BF16, dim, rope, page_size, 2 * dim, 2 * dim, 0, 0, page_size * 2 * dim, dim)
 
@@ -160,8 +170,9 @@ def mla_geometry(
 def idx_geometry(kv_dtype: str, dim: int = IDX_HEAD_DIM, page_size: int = PAGE_SIZE):
     """Lightning-indexer key pool geometry (follows the KV dtype)."""
     if kv_dtype in ("fp8", "fp8_e4m3"):
-        return Geometry(KVLayout.IDX_FP8, dim, 0, page_size, dim + 4, dim, page_size * dim, 4,
-                        page_size * (dim + 4), dim)  # fmt: skip
+        return Geometry(
+            KVLayout.IDX_FP8, dim, 0, page_size, dim + 4, dim, page_size * dim, 4, page_size * (dim + 4), dim
+        )
     assert kv_dtype in ("bf16", "bfloat16"), kv_dtype
     return Geometry(KVLayout.IDX_BF16, dim, 0, page_size, 2 * dim, 2 * dim, 0, 0, page_size * 2 * dim, dim)
 
@@ -225,5 +236,7 @@ def hca_state_alloc(
     token p's ``wkv_gate`` output ``[values | scores]`` while p's block is among the request's last ``blocks``
     (the open one, and with two blocks also the one before it). ``ratio``: the layer's compress_ratio."""
     if blocks not in (HCA_STATE_BLOCKS, HCA_STATE_BLOCKS_SPEC):
-        raise ValueError(f"hca_state_alloc: blocks must be 1 or 2 (2 under speculative decoding), got {blocks}")
+        raise ValueError(
+            f"hca_state_alloc: blocks must be 1 or 2 (2 under speculative decoding), got {blocks}"
+        )
     return torch.zeros(num_req_slots, blocks * ratio, 2 * dim, dtype=torch.float32, device=device)

@@ -53,9 +53,16 @@ def _raw_mix(R: torch.Tensor, fn: torch.Tensor) -> torch.Tensor:
 
 
 def hc_pre(
-    R: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, *, hc_eps: float, iters: int,
-    rms_eps: float, backend: str = "auto",
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    R: torch.Tensor,
+    fn: torch.Tensor,
+    base: torch.Tensor,
+    scale: torch.Tensor,
+    *,
+    hc_eps: float,
+    iters: int,
+    rms_eps: float,
+    backend: str = "auto",
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """R [T, n, H] (fp32/bf16); fn fp32 [(2+n)n, nH]; base fp32 [(2+n)n]; scale fp32 [3].
     Returns y fp32 [T, H] (before the sublayer's RMSNorm), post fp32 [T, n], C fp32 [T, n, n]."""
     T, n, H = _check_R(R)
@@ -78,10 +85,29 @@ def hc_pre(
     C = torch.empty(T, n, n, dtype=torch.float32, device=R.device)
     if T:
         hc_pre_tail_kernel[(T,)](
-            m, m.stride(0), base, scale, R, R.stride(0), R.stride(1), H, pre, post, C, y, y.stride(0), float(hc_eps),
-            float(rms_eps), N=n, NP=triton.next_power_of_2(n), ITERS=iters, BLOCK=min(1024, triton.next_power_of_2(H)),
-            HEAD=False, RMS=True, num_warps=4,
-        )  # fmt: skip
+            m,
+            m.stride(0),
+            base,
+            scale,
+            R,
+            R.stride(0),
+            R.stride(1),
+            H,
+            pre,
+            post,
+            C,
+            y,
+            y.stride(0),
+            float(hc_eps),
+            float(rms_eps),
+            N=n,
+            NP=triton.next_power_of_2(n),
+            ITERS=iters,
+            BLOCK=min(1024, triton.next_power_of_2(H)),
+            HEAD=False,
+            RMS=True,
+            num_warps=4,
+        )
     return y, post, C
 
 
@@ -103,31 +129,71 @@ def hc_post(
     if T:
         blk = min(1024, triton.next_power_of_2(H))
         hc_post_kernel[(T, triton.cdiv(H, blk))](
-            f, f.stride(0), R, R.stride(0), R.stride(1), post, C, out, out.stride(0), out.stride(1), H,
-            N=n, NP=triton.next_power_of_2(n), BLOCK=blk, num_warps=4,
-        )  # fmt: skip
+            f,
+            f.stride(0),
+            R,
+            R.stride(0),
+            R.stride(1),
+            post,
+            C,
+            out,
+            out.stride(0),
+            out.stride(1),
+            H,
+            N=n,
+            NP=triton.next_power_of_2(n),
+            BLOCK=blk,
+            num_warps=4,
+        )
     return out
 
 
 def hc_head(
-    R: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, *, hc_eps: float, rms_eps: float,
+    R: torch.Tensor,
+    fn: torch.Tensor,
+    base: torch.Tensor,
+    scale: torch.Tensor,
+    *,
+    hc_eps: float,
+    rms_eps: float,
     backend: str = "auto",
-) -> torch.Tensor:  # fmt: skip
+) -> torch.Tensor:
     """R [T, n, H]; fn fp32 [n, nH]; base fp32 [n]; scale fp32 [1]. Returns y fp32 [T, H]."""
     T, n, H = _check_R(R)
     check(
         fn.shape == (n, n * H) and base.shape == (n,) and scale.numel() >= 1,
         "hc_head params: fn [n, nH], base [n]",
     )
-    check(fn.dtype == torch.float32 and base.dtype == torch.float32 and scale.dtype == torch.float32,
-          "hc_head params: fp32")  # fmt: skip
+    check(
+        fn.dtype == torch.float32 and base.dtype == torch.float32 and scale.dtype == torch.float32,
+        "hc_head params: fp32",
+    )
     fused = backend != "sglang"
     m = _raw_mix(R, fn) if fused else hc_mix(R, fn, rms_eps, "sglang")
     y = torch.empty(T, H, dtype=torch.float32, device=R.device)
     if T:
         hc_pre_tail_kernel[(T,)](
-            m, m.stride(0), base, scale, R, R.stride(0), R.stride(1), H, y, y, y, y, y.stride(0), float(hc_eps),
-            float(rms_eps), N=n, NP=triton.next_power_of_2(n), ITERS=1, BLOCK=min(1024, triton.next_power_of_2(H)),
-            HEAD=True, RMS=fused, num_warps=4,
-        )  # fmt: skip
+            m,
+            m.stride(0),
+            base,
+            scale,
+            R,
+            R.stride(0),
+            R.stride(1),
+            H,
+            y,
+            y,
+            y,
+            y,
+            y.stride(0),
+            float(hc_eps),
+            float(rms_eps),
+            N=n,
+            NP=triton.next_power_of_2(n),
+            ITERS=1,
+            BLOCK=min(1024, triton.next_power_of_2(H)),
+            HEAD=True,
+            RMS=fused,
+            num_warps=4,
+        )
     return y

@@ -45,7 +45,17 @@ def rms_norm(
         block = triton.next_power_of_2(N)
         rows = max(1, min(16, 2048 // block))
         rms_norm_kernel[(triton.cdiv(M, rows),)](
-            x2, x2.stride(0), weight if weight is not None else out, out, N, M, N, float(eps),
-            HAS_W=weight is not None, ROWS=rows, BLOCK=block, num_warps=4 if block <= 1024 else 8,
-        )  # fmt: skip
+            x2,
+            x2.stride(0),
+            weight if weight is not None else out,
+            out,
+            N,
+            M,
+            N,
+            float(eps),
+            HAS_W=weight is not None,
+            ROWS=rows,
+            BLOCK=block,
+            num_warps=4 if block <= 1024 else 8,
+        )
     return out

@@ -45,7 +45,18 @@ def multi_router_topk(
     ids = torch.empty(T, topk, dtype=torch.int32, device=logits.device)
     if T:
         router_topk_kernel[(T,)](
-            logits, logits.stride(0), bias, w, ids, E, float(scaling),
-            R=num_routers, EP=triton.next_power_of_2(E), K=topk, KP=triton.next_power_of_2(topk), NORM=norm_topk_prob, num_warps=4,
-        )  # fmt: skip
+            logits,
+            logits.stride(0),
+            bias,
+            w,
+            ids,
+            E,
+            float(scaling),
+            R=num_routers,
+            EP=triton.next_power_of_2(E),
+            K=topk,
+            KP=triton.next_power_of_2(topk),
+            NORM=norm_topk_prob,
+            num_warps=4,
+        )
     return w, ids

@@ -102,11 +102,22 @@ def _num_sms(device: torch.device) -> int:
 
 
 def sparse_mqa_attention(
-    q: torch.Tensor, main: Scope, extra: Scope | None = None, *, sm_scale: float, d_v: int,
-    sink: torch.Tensor | None = None, out: torch.Tensor | None = None, num_splits: int | None = None,
-    block_h: int | None = None, block_n: int = 32, num_warps: int | None = None, num_stages: int = 1,
-    split_keys: int | None = None, split: SplitKernel = BASE_SPLIT,
-) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    q: torch.Tensor,
+    main: Scope,
+    extra: Scope | None = None,
+    *,
+    sm_scale: float,
+    d_v: int,
+    sink: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    num_splits: int | None = None,
+    block_h: int | None = None,
+    block_n: int = 32,
+    num_warps: int | None = None,
+    num_stages: int = 1,
+    split_keys: int | None = None,
+    split: SplitKernel = BASE_SPLIT,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Returns (out [T, h, d_v] bf16 (or ``out``'s dtype), lse [T, h] fp32, natural log, without the sink).
 
     q:     [T, h, D] bf16, last dim contiguous; D = main.geom main + rope widths (HCA 512, MLA 576 at full
@@ -130,15 +141,20 @@ def sparse_mqa_attention(
     check(
         q.dim() == 3 and D == a.main + a.tail, f"q: expected [T, h, {a.main + a.tail}], got {tuple(q.shape)}"
     )
-    check(q.dtype in (torch.bfloat16, torch.float32) and q.stride(2) == 1,
-          f"q: bf16 (or fp32: IEEE fp32 dots, exactness runs) with contiguous last dim, got {q.dtype}")  # fmt: skip
+    check(
+        q.dtype in (torch.bfloat16, torch.float32) and q.stride(2) == 1,
+        f"q: bf16 (or fp32: IEEE fp32 dots, exactness runs) with contiguous last dim, got {q.dtype}",
+    )
     _check_scope(main, T, "main")
     if extra is not None:
         _check_scope(extra, T, "extra")
         b = pool_args(extra.geom)
-        check((b.kind, b.main, b.nope, b.tile, b.tail, b.tail_off) == (a.kind, a.main, a.nope, a.tile, a.tail, a.tail_off),
-              f"extra: layout {extra.geom.layout.value}/{extra.geom.dim} must encode tokens like main's "
-              f"{main.geom.layout.value}/{main.geom.dim}")  # fmt: skip
+        check(
+            (b.kind, b.main, b.nope, b.tile, b.tail, b.tail_off)
+            == (a.kind, a.main, a.nope, a.tile, a.tail, a.tail_off),
+            f"extra: layout {extra.geom.layout.value}/{extra.geom.dim} must encode tokens like main's "
+            f"{main.geom.layout.value}/{main.geom.dim}",
+        )
     check(d_v in (a.main, a.main + a.tail), f"d_v: must be {a.main} (or {a.main + a.tail}), got {d_v}")
     v_tail = d_v == a.main + a.tail and a.tail > 0
     if sink is not None:
@@ -164,8 +180,10 @@ def sparse_mqa_attention(
     total = max(KA + KB, 1)
     if split_keys is not None:
         check(num_splits is None, "split_keys and num_splits exclude each other")
-        check(split_keys > 0 and split_keys % block_n == 0,
-              f"split_keys: a positive multiple of block_n={block_n}, got {split_keys}")  # fmt: skip
+        check(
+            split_keys > 0 and split_keys % block_n == 0,
+            f"split_keys: a positive multiple of block_n={block_n}, got {split_keys}",
+        )
         chunk = split_keys
     else:
         if num_splits is None:
@@ -188,34 +206,95 @@ def sparse_mqa_attention(
     gb = ex.geom
     dummy_len = main.indices  # never read when HAS_L* is False
     nw = num_warps or (8 if bh >= 64 else 4)
-    common = dict(HAS_B=extra is not None, HAS_LA=main.lengths is not None,
-                  HAS_LB=extra is not None and extra.lengths is not None, HAS_SINK=sink is not None,
-                  SINGLE=single, BH=bh, BN=block_n, DT=dot_dtype(q.dtype == torch.float32), num_warps=nw, num_stages=num_stages)  # fmt: skip
+    common = dict(
+        HAS_B=extra is not None,
+        HAS_LA=main.lengths is not None,
+        HAS_LB=extra is not None and extra.lengths is not None,
+        HAS_SINK=sink is not None,
+        SINGLE=single,
+        BH=bh,
+        BN=block_n,
+        DT=dot_dtype(q.dtype == torch.float32),
+        num_warps=nw,
+        num_stages=num_stages,
+    )
     ub = split.extra_pool(ua, ub)
     common.update(split.constexprs())
     LAST_COMPILED["split"] = split.kernel[(n_hb, T, num_splits)](
-        q, q.stride(0), q.stride(1), H, chunk,
-        main.indices, main.indices.stride(0), main.lengths if main.lengths is not None else dummy_len, KA,
-        *ua, a.page_size, a.page_bytes, a.data_stride, a.scale_base, a.scale_stride,
-        ex.indices, ex.indices.stride(0), ex.lengths if ex.lengths is not None else dummy_len, KB,
-        *ub, gb.page_size, gb.page_bytes, gb.data_stride, gb.scale_base, gb.scale_stride,
-        sink if sink is not None else lse, float(sm_scale),
-        out, out.stride(0), out.stride(1), lse, part, plse, num_splits,
-        KIND=a.kind, MAIN=a.main, MAIN_P=a.main_p, NOPE=a.nope, TILE=a.tile, TAIL=a.tail, TAIL_P=a.tail_p,
-        TAIL_OFF=a.tail_off, V_TAIL=v_tail, **common,
-    )  # fmt: skip
+        q,
+        q.stride(0),
+        q.stride(1),
+        H,
+        chunk,
+        main.indices,
+        main.indices.stride(0),
+        main.lengths if main.lengths is not None else dummy_len,
+        KA,
+        *ua,
+        a.page_size,
+        a.page_bytes,
+        a.data_stride,
+        a.scale_base,
+        a.scale_stride,
+        ex.indices,
+        ex.indices.stride(0),
+        ex.lengths if ex.lengths is not None else dummy_len,
+        KB,
+        *ub,
+        gb.page_size,
+        gb.page_bytes,
+        gb.data_stride,
+        gb.scale_base,
+        gb.scale_stride,
+        sink if sink is not None else lse,
+        float(sm_scale),
+        out,
+        out.stride(0),
+        out.stride(1),
+        lse,
+        part,
+        plse,
+        num_splits,
+        KIND=a.kind,
+        MAIN=a.main,
+        MAIN_P=a.main_p,
+        NOPE=a.nope,
+        TILE=a.tile,
+        TAIL=a.tail,
+        TAIL_P=a.tail_p,
+        TAIL_OFF=a.tail_off,
+        V_TAIL=v_tail,
+        **common,
+    )
     if not single:
         sparse_attn_combine_kernel[(T, H)](
-            part, plse, num_splits, H, sink if sink is not None else lse, out, out.stride(0), out.stride(1), lse,
-            DV=d_v, DV_P2=triton.next_power_of_2(d_v), HAS_SINK=sink is not None, num_warps=4,
-        )  # fmt: skip
+            part,
+            plse,
+            num_splits,
+            H,
+            sink if sink is not None else lse,
+            out,
+            out.stride(0),
+            out.stride(1),
+            lse,
+            DV=d_v,
+            DV_P2=triton.next_power_of_2(d_v),
+            HAS_SINK=sink is not None,
+            num_warps=4,
+        )
     return out, lse * LN2
 
 
 def flashmla_sparse_attention(
-    q: torch.Tensor, main: Scope, extra: Scope | None = None, *, sm_scale: float, d_v: int,
-    sink: torch.Tensor | None = None, sched_meta=None,
-) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    q: torch.Tensor,
+    main: Scope,
+    extra: Scope | None = None,
+    *,
+    sm_scale: float,
+    d_v: int,
+    sink: torch.Tensor | None = None,
+    sched_meta=None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The same call served by FlashMLA's sparse decode (sgl-flash-mla, legacy SM90 kernels).
 
     Fits when both pools are HCA_FP8 (V4 layout, D = 512) or the main pool is MLA_FP8 (V3.2 layout,
@@ -233,14 +312,25 @@ def flashmla_sparse_attention(
     kv_format = "V32" if L is KVLayout.MLA_FP8 else None
     kc = main.geom.flashmla_view(main.pool)
     args = dict(
-        q=q.view(T, 1, H, D), k_cache=kc, block_table=None, cache_seqlens=None, head_dim_v=d_v,
+        q=q.view(T, 1, H, D),
+        k_cache=kc,
+        block_table=None,
+        cache_seqlens=None,
+        head_dim_v=d_v,
         tile_scheduler_metadata=sched_meta if sched_meta is not None else flash_mla.get_mla_metadata()[0],
-        softmax_scale=sm_scale, is_fp8_kvcache=True, indices=main.indices.view(T, 1, -1),
-        topk_length=None if main.lengths is None or kv_format == "V32" else main.lengths.clamp_min(1), attn_sink=sink, use_legacy=True, kv_format=kv_format,
-    )  # fmt: skip
+        softmax_scale=sm_scale,
+        is_fp8_kvcache=True,
+        indices=main.indices.view(T, 1, -1),
+        topk_length=None if main.lengths is None or kv_format == "V32" else main.lengths.clamp_min(1),
+        attn_sink=sink,
+        use_legacy=True,
+        kv_format=kv_format,
+    )
     if extra is not None:
-        args.update(extra_k_cache=extra.geom.flashmla_view(extra.pool),
-                    extra_indices_in_kvcache=extra.indices.view(T, 1, -1),
-                    extra_topk_length=None if extra.lengths is None else extra.lengths.clamp_min(1))  # fmt: skip
+        args.update(
+            extra_k_cache=extra.geom.flashmla_view(extra.pool),
+            extra_indices_in_kvcache=extra.indices.view(T, 1, -1),
+            extra_topk_length=None if extra.lengths is None else extra.lengths.clamp_min(1),
+        )
     o, lse = flash_mla.flash_mla_with_kvcache(**args)
     return o.view(T, H, d_v), lse.view(T, H)

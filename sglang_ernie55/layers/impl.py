@@ -42,8 +42,11 @@ def check_layer_impl() -> str:
     """Validate SGLANG_ERNIE55_LAYER_IMPL now (the model calls it when it is built, so that a bad value
     fails at start-up, not at the first forward) and log the choice. Returns the value."""
     v = layer_impl()
-    logger.info("ernie55 layer compute: SGLANG_ERNIE55_LAYER_IMPL=%s (mHC, MoE routing, norms, RoPE on %s)",
-                v, _DESCRIBE[v])  # fmt: skip
+    logger.info(
+        "ernie55 layer compute: SGLANG_ERNIE55_LAYER_IMPL=%s (mHC, MoE routing, norms, RoPE on %s)",
+        v,
+        _DESCRIBE[v],
+    )
     return v
 
 

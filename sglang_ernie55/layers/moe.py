@@ -42,12 +42,20 @@ class Ernie55SwiGLU(nn.Module):
         super().__init__()
         tp = get_parallel().tp_size
         lq = lambda i, o: linear_quant_config(quant_config, i, o)  # noqa: E731
-        self.gate_proj = ColumnParallelLinear(hidden, inter, bias=False, quant_config=lq(hidden, inter // tp),
-                                              prefix=_p("gate_proj", prefix))  # fmt: skip
-        self.up_proj = ColumnParallelLinear(hidden, inter, bias=False, quant_config=lq(hidden, inter // tp),
-                                            prefix=_p("up_proj", prefix))  # fmt: skip
-        self.down_proj = RowParallelLinear(inter, hidden, bias=False, quant_config=lq(inter // tp, hidden),
-                                           reduce_results=reduce_results, prefix=_p("down_proj", prefix))  # fmt: skip
+        self.gate_proj = ColumnParallelLinear(
+            hidden, inter, bias=False, quant_config=lq(hidden, inter // tp), prefix=_p("gate_proj", prefix)
+        )
+        self.up_proj = ColumnParallelLinear(
+            hidden, inter, bias=False, quant_config=lq(hidden, inter // tp), prefix=_p("up_proj", prefix)
+        )
+        self.down_proj = RowParallelLinear(
+            inter,
+            hidden,
+            bias=False,
+            quant_config=lq(inter // tp, hidden),
+            reduce_results=reduce_results,
+            prefix=_p("down_proj", prefix),
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)[0]) * self.up_proj(x)[0])[0]
@@ -57,8 +65,11 @@ class Ernie55LatentMoE(nn.Module):
     def __init__(self, config, layer_id: int, quant_config=None, prefix: str = ""):
         super().__init__()
         H, E, L = config.hidden_size, config.n_routed_experts, config.moe_latent_size
-        self.topk, self.norm_topk_prob, self.scaling = (config.num_experts_per_tok, config.norm_topk_prob,
-                                                        config.routed_scaling_factor)  # fmt: skip
+        self.topk, self.norm_topk_prob, self.scaling = (
+            config.num_experts_per_tok,
+            config.norm_topk_prob,
+            config.routed_scaling_factor,
+        )
         self.routers = nn.ModuleList(
             ReplicatedLinear(H, E, bias=False, quant_config=None, prefix=_p(f"routers.{r}", prefix))
             for r in range(config.num_routers)
@@ -89,9 +100,14 @@ class Ernie55LatentMoE(nn.Module):
         stored = checkpoint_config(config).moe_intermediate_size
         self.experts_quantized = quant_config is not None and stored % FP8_BLOCK == 0 and L % FP8_BLOCK == 0
         self.experts = FusedMoE(
-            num_experts=E, top_k=self.topk, layer_id=layer_id, hidden_size=L, intermediate_size=inter,
-            quant_config=quant_config if self.experts_quantized else None, prefix=_p("experts", prefix),
-        )  # fmt: skip
+            num_experts=E,
+            top_k=self.topk,
+            layer_id=layer_id,
+            hidden_size=L,
+            intermediate_size=inter,
+            quant_config=quant_config if self.experts_quantized else None,
+            prefix=_p("experts", prefix),
+        )
         self.shared_experts = (
             Ernie55SwiGLU(
                 H,
@@ -145,8 +161,14 @@ class Ernie55LatentMoE(nn.Module):
             from ..kernels.router import multi_router_topk, router_logits
 
             logits = router_logits(x, self.router_matrix())
-            w, ids = multi_router_topk(logits, len(self.routers), self.e_score_correction_bias, self.topk,
-                                       self.norm_topk_prob, self.scaling)  # fmt: skip
+            w, ids = multi_router_topk(
+                logits,
+                len(self.routers),
+                self.e_score_correction_bias,
+                self.topk,
+                self.norm_topk_prob,
+                self.scaling,
+            )
             return w, ids, logits
         xf = x.float()
         s = torch.stack([torch.sigmoid(F.linear(xf, r.weight.float())) for r in self.routers]).mean(0)

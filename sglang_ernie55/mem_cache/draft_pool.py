@@ -39,8 +39,16 @@ class EchoDraftKVPool(SWAWindowAddressing, OwnRowsKVSurface, KVCache):
 
     _ACCESS_NOTE = "the ECHO draft backend reads and writes the pool through its own rows"
 
-    def __init__(self, size: int, page_size: int, dtype: torch.dtype, config, device: str,
-                 enable_memory_saver: bool = False, swa_size: int | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        size: int,
+        page_size: int,
+        dtype: torch.dtype,
+        config,
+        device: str,
+        enable_memory_saver: bool = False,
+        swa_size: int | None = None,
+    ) -> None:
         self.layer_id = config.num_hidden_layers - 1
         super().__init__(size, page_size, dtype, 1, device, enable_memory_saver, self.layer_id, self.layer_id)
         self.config = config

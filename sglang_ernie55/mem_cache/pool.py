@@ -190,12 +190,30 @@ class Ernie55TokenToKVPool(SWAWindowAddressing, OwnRowsKVSurface, BaseSWAKVPool)
     """Hybrid HCA / MLA-DSA pool: full-pool slots for compressed entries, MLA latents and indexer keys; SWA
     slots (`window_loc`) for the HCA window rows."""
 
-    def __init__(self, size: int, page_size: int, dtype: torch.dtype, config, num_req_slots: int, device: str,
-                 enable_memory_saver: bool = False, start_layer: int | None = None,
-                 end_layer: int | None = None, swa_size: int | None = None,
-                 state_blocks: int = HCA_STATE_BLOCKS) -> None:  # fmt: skip
-        super().__init__(size, page_size, dtype, config.num_hidden_layers, device, enable_memory_saver,
-                         start_layer, end_layer)  # fmt: skip
+    def __init__(
+        self,
+        size: int,
+        page_size: int,
+        dtype: torch.dtype,
+        config,
+        num_req_slots: int,
+        device: str,
+        enable_memory_saver: bool = False,
+        start_layer: int | None = None,
+        end_layer: int | None = None,
+        swa_size: int | None = None,
+        state_blocks: int = HCA_STATE_BLOCKS,
+    ) -> None:
+        super().__init__(
+            size,
+            page_size,
+            dtype,
+            config.num_hidden_layers,
+            device,
+            enable_memory_saver,
+            start_layer,
+            end_layer,
+        )
         c = config
         self.layout = PoolLayout(c, dtype, page_size, state_blocks)
         self.config, self.fp8 = config, is_fp8(dtype)

@@ -161,8 +161,13 @@ class Ernie5_5_MoeForCausalLM(nn.Module):
         self, input_ids, positions, forward_batch, input_embeds=None, pp_proxy_tensors=None, **kwargs
     ):
         hidden, streams = self.model(input_ids, positions, forward_batch, input_embeds)
-        return self.logits_processor(input_ids, hidden, self.lm_head, forward_batch,
-                                     hidden_states_before_norm=self.captured_streams(streams, hidden, forward_batch))  # fmt: skip
+        return self.logits_processor(
+            input_ids,
+            hidden,
+            self.lm_head,
+            forward_batch,
+            hidden_states_before_norm=self.captured_streams(streams, hidden, forward_batch),
+        )
 
     @staticmethod
     def captured_streams(streams: torch.Tensor, hidden: torch.Tensor, forward_batch) -> torch.Tensor | None:

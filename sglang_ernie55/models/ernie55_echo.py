@@ -169,8 +169,14 @@ class Ernie5_5MoeMTPModel(nn.Module):
         """Target parameter names the draft runs on (for the data-pointer proof)."""
         L = self.config.num_hidden_layers - 1
         layer = [f"model.layers.{L}.{n}" for n, _ in self.decoder_layer.named_parameters()]
-        return ["model.embed_tokens.weight", *layer, "model.hc_head.fn", "model.hc_head.base", "model.hc_head.scale",
-                "lm_head.weight"]  # fmt: skip
+        return [
+            "model.embed_tokens.weight",
+            *layer,
+            "model.hc_head.fn",
+            "model.hc_head.base",
+            "model.hc_head.scale",
+            "lm_head.weight",
+        ]
 
     # ------------------------------------------------------------------ forward
     def echo_inputs(self, input_ids: torch.Tensor, streams: torch.Tensor, input_embeds=None) -> torch.Tensor:
@@ -199,8 +205,13 @@ class Ernie5_5MoeMTPModel(nn.Module):
         hidden, R = self.hidden(input_ids, positions, forward_batch, input_embeds)
         if DUMP_DIR:
             _dump(input_ids, positions, forward_batch, hidden, R)
-        return self.logits_processor(input_ids, hidden, self.lm_head, forward_batch,
-                                     hidden_states_before_norm=R.flatten(1).to(hidden.dtype))  # fmt: skip
+        return self.logits_processor(
+            input_ids,
+            hidden,
+            self.lm_head,
+            forward_batch,
+            hidden_states_before_norm=R.flatten(1).to(hidden.dtype),
+        )
 
     # ------------------------------------------------------------------ weights
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
@@ -238,8 +249,11 @@ class Ernie5_5MoeMTPModel(nn.Module):
                 continue
             put(name, tensor)
         errors += pairs.finish()
-        errors += [f"draft parameter {p} loaded {k} times (checkpoint tensor missing or duplicated)"
-                   for p, k in loaded.items() if k != 1]  # fmt: skip
+        errors += [
+            f"draft parameter {p} loaded {k} times (checkpoint tensor missing or duplicated)"
+            for p, k in loaded.items()
+            if k != 1
+        ]
         if errors:
             listing = "\n  ".join(errors[:50])
             raise Ernie55EchoWeightError(

@@ -143,8 +143,15 @@ def make_echo_exact_(model: Ernie55ReferenceModel, seed: int = 0, eps: float = 0
     inv[sigma] = torch.arange(V)
     model.lm_head.weight.copy_((unit[inv] / H**0.5).to(model.lm_head.weight.dtype))
     for name, p in model.named_parameters():
-        if name.endswith(("self_attn.wo_b.weight", "self_attn.o_proj.weight", "mlp.down_proj.weight",
-                          "mlp.latent_up.weight", "shared_experts.down_proj.weight")):  # fmt: skip
+        if name.endswith(
+            (
+                "self_attn.wo_b.weight",
+                "self_attn.o_proj.weight",
+                "mlp.down_proj.weight",
+                "mlp.latent_up.weight",
+                "shared_experts.down_proj.weight",
+            )
+        ):
             p.mul_(eps)
     model.model.norm.weight.fill_(1.0)
     e = model.echo

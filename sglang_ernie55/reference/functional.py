@@ -29,9 +29,15 @@ def swiglu(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Te
 
 
 def hca_compress_block(
-    c: torch.Tensor, s: torch.Tensor, ape: torch.Tensor, norm_w: torch.Tensor, eps: float,
-    block_index: int, inv_freq: torch.Tensor, rope_dim: int,
-) -> torch.Tensor:  # fmt: skip
+    c: torch.Tensor,
+    s: torch.Tensor,
+    ape: torch.Tensor,
+    norm_w: torch.Tensor,
+    eps: float,
+    block_index: int,
+    inv_freq: torch.Tensor,
+    rope_dim: int,
+) -> torch.Tensor:
     """One compressed entry from one complete block.
 
     c, s [ratio, D] (values, scores; fp32), ape [ratio, D]. Per channel:
@@ -47,17 +53,30 @@ def hca_compress_block(
 
 
 def hca_compress(
-    c: torch.Tensor, s: torch.Tensor, ape: torch.Tensor, norm_w: torch.Tensor, eps: float,
-    inv_freq: torch.Tensor, rope_dim: int,
-) -> torch.Tensor:  # fmt: skip
+    c: torch.Tensor,
+    s: torch.Tensor,
+    ape: torch.Tensor,
+    norm_w: torch.Tensor,
+    eps: float,
+    inv_freq: torch.Tensor,
+    rope_dim: int,
+) -> torch.Tensor:
     """All complete blocks of a sequence that starts at position 0. c, s [T, D] -> [T // ratio, D]."""
     ratio = ape.shape[0]
     nb = c.shape[0] // ratio
     out = [
-        hca_compress_block(c[j * ratio : (j + 1) * ratio], s[j * ratio : (j + 1) * ratio], ape, norm_w, eps, j,
-                           inv_freq, rope_dim)
+        hca_compress_block(
+            c[j * ratio : (j + 1) * ratio],
+            s[j * ratio : (j + 1) * ratio],
+            ape,
+            norm_w,
+            eps,
+            j,
+            inv_freq,
+            rope_dim,
+        )
         for j in range(nb)
-    ]  # fmt: skip
+    ]
     return torch.stack(out) if out else c.new_zeros(0, c.shape[1], dtype=torch.float32)
 
 
@@ -95,9 +114,14 @@ def sink_attention(
 
 
 def hca_output(
-    o: torch.Tensor, q_pos: torch.Tensor, inv_freq: torch.Tensor, rope_dim: int, wo_a: torch.Tensor,
-    wo_b: torch.Tensor, groups: int,
-) -> torch.Tensor:  # fmt: skip
+    o: torch.Tensor,
+    q_pos: torch.Tensor,
+    inv_freq: torch.Tensor,
+    rope_dim: int,
+    wo_a: torch.Tensor,
+    wo_b: torch.Tensor,
+    groups: int,
+) -> torch.Tensor:
     """Inverse RoPE on o[..., -rope:], grouped wo_a (row-blocked by group), group-major concat, wo_b.
 
     o [T, h, D]; wo_a [G*o_lora, h/G*D]; wo_b [H, G*o_lora]. Returns [T, H] (fp32 math, wo dtype in)."""
@@ -133,9 +157,14 @@ def indexer_topk(scores: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor,
 
 
 def mla_attention(
-    q_nope: torch.Tensor, q_pe: torch.Tensor, k_nope: torch.Tensor, k_pe: torch.Tensor, v: torch.Tensor,
-    mask: torch.Tensor, scale: float,
-) -> torch.Tensor:  # fmt: skip
+    q_nope: torch.Tensor,
+    q_pe: torch.Tensor,
+    k_nope: torch.Tensor,
+    k_pe: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
     """Expanded MLA. q_nope [T,h,dn], q_pe [T,h,dr], k_nope [S,h,dn], k_pe [S,dr] (shared), v [S,h,dv],
     mask [T,S]. Returns [T, h, dv] fp32."""
     logits = torch.einsum("thd,shd->ths", q_nope.float(), k_nope.float())
@@ -145,9 +174,15 @@ def mla_attention(
 
 
 def mla_attention_absorbed(
-    q_nope: torch.Tensor, q_pe: torch.Tensor, latent: torch.Tensor, k_pe: torch.Tensor, w_uk: torch.Tensor,
-    w_uv: torch.Tensor, mask: torch.Tensor, scale: float,
-) -> torch.Tensor:  # fmt: skip
+    q_nope: torch.Tensor,
+    q_pe: torch.Tensor,
+    latent: torch.Tensor,
+    k_pe: torch.Tensor,
+    w_uk: torch.Tensor,
+    w_uv: torch.Tensor,
+    mask: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
     """Absorbed MLA (decode form): q_nope absorbed into the latent; KV per token = latent + k_pe.
 
     latent [S, r], k_pe [S, dr], w_uk [h, dn, r], w_uv [h, dv, r]. Returns [T, h, dv] fp32."""
@@ -163,9 +198,13 @@ def mla_attention_absorbed(
 
 
 def multi_router_topk(
-    x: torch.Tensor, routers: list[torch.Tensor], bias: torch.Tensor, topk: int, norm_topk_prob: bool,
+    x: torch.Tensor,
+    routers: list[torch.Tensor],
+    bias: torch.Tensor,
+    topk: int,
+    norm_topk_prob: bool,
     scaling: float,
-) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+) -> tuple[torch.Tensor, torch.Tensor]:
     """s = mean_r sigmoid(x @ router_r^T) (fp32); idx = topk(s + bias) (ties: lower expert id);
     w = s[idx] / (sum + 1e-20) (if norm_topk_prob) * scaling. Returns (weights [T,k] fp32, ids [T,k] int64)."""
     xf = x.float()

@@ -27,9 +27,15 @@ def sinkhorn(logits: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
 
 
 def hc_pre(
-    R: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor,
-    *, hc_eps: float, iters: int, rms_eps: float,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    R: torch.Tensor,
+    fn: torch.Tensor,
+    base: torch.Tensor,
+    scale: torch.Tensor,
+    *,
+    hc_eps: float,
+    iters: int,
+    rms_eps: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Returns y [T, H] (fp32, before the sublayer's RMSNorm), post [T, n], C [T, n, n] (C[j, i]: j -> i)."""
     n = R.shape[-2]
     m = hc_mix(R, fn, rms_eps)

@@ -64,8 +64,12 @@ class SwiGLU(nn.Module):
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return Fn.swiglu(x.float(), self.gate_proj.weight.float(), self.up_proj.weight.float(),
-                         self.down_proj.weight.float())  # fmt: skip
+        return Fn.swiglu(
+            x.float(),
+            self.gate_proj.weight.float(),
+            self.up_proj.weight.float(),
+            self.down_proj.weight.float(),
+        )
 
 
 # ----------------------------------------------------------------------------- caches
@@ -120,12 +124,20 @@ class LatentMoE(nn.Module):
         self.experts = nn.ModuleList(SwiGLU(cfg.moe_latent_size, cfg.moe_intermediate_size) for _ in range(E))
         self.shared_experts = SwiGLU(H, cfg.shared_expert_intermediate_size) if cfg.n_shared_experts else None
         self.topk, self.norm_topk_prob, self.scaling = (
-            cfg.num_experts_per_tok, cfg.norm_topk_prob, cfg.routed_scaling_factor,
-        )  # fmt: skip
+            cfg.num_experts_per_tok,
+            cfg.norm_topk_prob,
+            cfg.routed_scaling_factor,
+        )
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return Fn.multi_router_topk(x, [r.weight for r in self.routers], self.e_score_correction_bias,
-                                    self.topk, self.norm_topk_prob, self.scaling)  # fmt: skip
+        return Fn.multi_router_topk(
+            x,
+            [r.weight for r in self.routers],
+            self.e_score_correction_bias,
+            self.topk,
+            self.norm_topk_prob,
+            self.scaling,
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w, idx = self.route(x)
@@ -190,8 +202,9 @@ class HCAAttention(nn.Module):
     def forward(self, x: torch.Tensor, pos: torch.Tensor, window_only: bool = False) -> torch.Tensor:
         """Whole sequence starting at position 0."""
         q, kv, c, s = self.project(x, pos)
-        cmp = Fn.hca_compress(c, s, self.compressor.ape, self.compressor.norm.weight, self.eps,
-                              self.inv_freq, self.rope)  # fmt: skip
+        cmp = Fn.hca_compress(
+            c, s, self.compressor.ape, self.compressor.norm.weight, self.eps, self.inv_freq, self.rope
+        )
         raw_mask, cmp_mask = Fn.hca_visible_mask(pos, pos, cmp.shape[0], self.W, self.ratio)
         if window_only:
             keys, mask = kv, raw_mask
@@ -314,8 +327,9 @@ class MLADSAAttention(nn.Module):
         cache.k_idx, cache.pos = _cat(cache.k_idx, k_idx), _cat(cache.pos, pos)
         mask = self._mask(q_idx, w_idx, cache.k_idx, pos, cache.pos, window_only)
         w = self.kv_b_proj.weight.view(self.h, self.dn + self.dv, self.r)
-        o = Fn.mla_attention_absorbed(q_nope, q_pe, cache.latent, cache.k_pe, w[:, : self.dn], w[:, self.dn :],
-                                      mask, self.scale)  # fmt: skip
+        o = Fn.mla_attention_absorbed(
+            q_nope, q_pe, cache.latent, cache.k_pe, w[:, : self.dn], w[:, self.dn :], mask, self.scale
+        )
         return lin(o.flatten(1), self.o_proj)
 
 
@@ -434,7 +448,9 @@ class Ernie55ReferenceModel(nn.Module):
         return RefOutput(self.head(R), R)
 
     @torch.no_grad()
-    def generate_greedy(self, prompt_ids: torch.Tensor, max_new_tokens: int, eos_id: int | None = None) -> list[int]:
+    def generate_greedy(
+        self, prompt_ids: torch.Tensor, max_new_tokens: int, eos_id: int | None = None
+    ) -> list[int]:
         """Greedy continuation through the incremental path (ties: lowest token id, like argmax)."""
         cache, out = self.new_cache(), []
         logits = self.step(prompt_ids, cache).logits[-1]
@@ -454,8 +470,13 @@ class Ernie55ReferenceModel(nn.Module):
         return emb[:, None, :] + lin(e.hnorm(streams), e.h_proj)
 
     @torch.no_grad()
-    def echo_forward(self, streams: torch.Tensor, next_tokens: torch.Tensor, cache: HCACache | MLACache | None = None,
-                     start_pos: int = 0) -> RefOutput:  # fmt: skip
+    def echo_forward(
+        self,
+        streams: torch.Tensor,
+        next_tokens: torch.Tensor,
+        cache: HCACache | MLACache | None = None,
+        start_pos: int = 0,
+    ) -> RefOutput:
         """ECHO draft. Entry i combines target stream i with token i+1 (`next_tokens[i]`) and sits at
         position start_pos + i. The backbone's last layer (same weights) attends over the window only.
         Without `cache`: a whole sequence from position 0; with it: incremental (the draft's own KV).
@@ -529,5 +550,11 @@ def build_reference(
 
 
 __all__ = [
-    "Ernie55ReferenceModel", "Ernie55Cache", "HCACache", "MLACache", "RefOutput", "build_reference", "FP32_PARAMS",
-]  # fmt: skip
+    "Ernie55ReferenceModel",
+    "Ernie55Cache",
+    "HCACache",
+    "MLACache",
+    "RefOutput",
+    "build_reference",
+    "FP32_PARAMS",
+]

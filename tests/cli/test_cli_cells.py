@@ -27,8 +27,12 @@ from sglang_ernie55.deploy.memory import Layout, minimum_gpus, plan
 
 CELLS = C.load_cells()
 FULL = Ernie55Config()
-ECHO = {"speculative-algorithm": "EAGLE", "speculative-num-steps": 2, "speculative-eagle-topk": 1,
-        "speculative-num-draft-tokens": 3}  # fmt: skip
+ECHO = {
+    "speculative-algorithm": "EAGLE",
+    "speculative-num-steps": 2,
+    "speculative-eagle-topk": 1,
+    "speculative-num-draft-tokens": 3,
+}
 ids = list(CELLS)
 
 
@@ -71,8 +75,14 @@ def test_cell_uses_the_planners_minimum_gpus(name):
 
 def test_vendor_verified_cells_follow_servings_table():
     vendor_pairs = {(c.hardware, c.precision) for c in CELLS.values() if c.vendor_verified}
-    assert vendor_pairs == {("b300", "fp8"), ("gb300", "fp8"), ("b300", "bf16"), ("b200", "fp8"),
-                            ("gb200", "fp8"), ("h100", "fp8")}  # fmt: skip
+    assert vendor_pairs == {
+        ("b300", "fp8"),
+        ("gb300", "fp8"),
+        ("b300", "bf16"),
+        ("b200", "fp8"),
+        ("gb200", "fp8"),
+        ("h100", "fp8"),
+    }
     assert not any(c.vendor_verified for c in CELLS.values() if c.hardware == "h200"), (
         "H200 is not in the vendor's table"
     )
@@ -113,8 +123,9 @@ def test_cell_parses_strictly_with_sglangs_parser(strict_parser, name):
         assert (sa.nnodes, sa.node_rank) == (cell.nodes, rank)
 
 
-@pytest.mark.parametrize("bad", [{"tp": 4}, {"attn-dp-sise": 4}, {"cuda-graph-backend-decode": "fast"},
-                                 {"kv-cache-dtype": "fp16"}])  # fmt: skip
+@pytest.mark.parametrize(
+    "bad", [{"tp": 4}, {"attn-dp-sise": 4}, {"cuda-graph-backend-decode": "fast"}, {"kv-cache-dtype": "fp16"}]
+)
 def test_strict_parse_catches_misspellings(strict_parser, bad):
     """The check above can fail: an abbreviation, a typo or an illegal choice does not get through."""
     cell = CELLS["h200-fp8-balanced"]
@@ -131,12 +142,20 @@ def test_cell_resolves_with_the_plugin_rules(tiny_ckpt, name):
     cell = CELLS[name]
     d = resolve_server_args(cell.serve_argv(model_path=tiny_ckpt), device="cpu").resolved_dict()
     assert (d["attention_backend"], d["page_size"], d["swa_full_tokens_ratio"], d["kv_cache_dtype"]) == (
-        "ernie55", 256, 0.1, "fp8_e4m3")  # fmt: skip
+        "ernie55",
+        256,
+        0.1,
+        "fp8_e4m3",
+    )
     assert d["tp_size"] == cell.int_flag("tp-size") and d["attn_dp_size"] == cell.int_flag("attn-dp-size")
     assert d["context_length"] == cell.flags["context-length"]
     if cell.strategy == "low-latency":
-        assert (d["speculative_algorithm"], d["speculative_num_steps"], d["speculative_eagle_topk"],
-                d["speculative_num_draft_tokens"]) == ("EAGLE", 2, 1, 3)  # fmt: skip
+        assert (
+            d["speculative_algorithm"],
+            d["speculative_num_steps"],
+            d["speculative_eagle_topk"],
+            d["speculative_num_draft_tokens"],
+        ) == ("EAGLE", 2, 1, 3)
     else:
         assert d["speculative_algorithm"] in (None, "NONE")
 

@@ -14,8 +14,20 @@ def test_single_node_command_and_docker_line(cli):
     lines = [ln for ln in out.splitlines() if ln and not ln.startswith("#")]
     assert len(lines) == 2
     bare, docker = lines
-    assert shlex.split(bare) == ["sglang", "serve", "--model-path", "baidu/ERNIE-5.5-Flash-Base", "--tp-size", "4",
-                                 "--attn-dp-size", "4", "--context-length", "131072", "--max-running-requests", "256"]  # fmt: skip
+    assert shlex.split(bare) == [
+        "sglang",
+        "serve",
+        "--model-path",
+        "baidu/ERNIE-5.5-Flash-Base",
+        "--tp-size",
+        "4",
+        "--attn-dp-size",
+        "4",
+        "--context-length",
+        "131072",
+        "--max-running-requests",
+        "256",
+    ]
     words = shlex.split(docker.replace("~/", "HOME/"))
     assert words[:2] == ["docker", "run"]
     for flag in (["--gpus", "all"], ["--network", "host"], ["--ipc", "host"]):
@@ -27,8 +39,17 @@ def test_single_node_command_and_docker_line(cli):
 
 
 def test_multi_node_fills_node_flags(cli):
-    rc, out, err = cli("cmd", "--hardware", "h100", "--precision", "bf16", "--strategy", "high-throughput",
-                       "--dist-init-addr", "10.1.2.3:5000")  # fmt: skip
+    rc, out, err = cli(
+        "cmd",
+        "--hardware",
+        "h100",
+        "--precision",
+        "bf16",
+        "--strategy",
+        "high-throughput",
+        "--dist-init-addr",
+        "10.1.2.3:5000",
+    )
     assert rc == 0, err
     cmds = [shlex.split(ln) for ln in out.splitlines() if ln.startswith("sglang serve")]
     assert len(cmds) == 2
@@ -88,8 +109,14 @@ def test_json_output_and_env(cli):
     assert d["cell"] == "b300-bf16-low-latency" and d["model"] == "baidu/ERNIE-5.5-Flash-Base-BF16"
     argv = d["commands"][0]["argv"]
     i = argv.index("--speculative-num-steps")
-    assert argv[i : i + 6] == ["--speculative-num-steps", "2", "--speculative-eagle-topk", "1",
-                               "--speculative-num-draft-tokens", "3"]  # fmt: skip
+    assert argv[i : i + 6] == [
+        "--speculative-num-steps",
+        "2",
+        "--speculative-eagle-topk",
+        "1",
+        "--speculative-num-draft-tokens",
+        "3",
+    ]
     assert d["vendor_verified"] is True and d["project_verified"] is False
 
 

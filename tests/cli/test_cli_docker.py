@@ -65,8 +65,14 @@ def test_dockerignore_keeps_what_the_image_installs():
 
 def test_run_line_documented():
     doc = (ROOT / "docker" / "README.md").read_text()
-    for piece in ("--gpus all", "--network host", "--ipc host", "~/.cache/huggingface:/root/.cache/huggingface",
-                  "sglang serve", "docker build -f docker/Dockerfile"):  # fmt: skip
+    for piece in (
+        "--gpus all",
+        "--network host",
+        "--ipc host",
+        "~/.cache/huggingface:/root/.cache/huggingface",
+        "sglang serve",
+        "docker build -f docker/Dockerfile",
+    ):
         assert piece in doc
 
 

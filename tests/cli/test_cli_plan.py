@@ -16,10 +16,19 @@ FULL = Ernie55Config()
 
 # SERVING.md's table (vendor) + this project's H200 row.
 MIN_GPUS = {
-    ("b300", "fp8"): 2, ("b300", "bf16"): 4, ("gb300", "fp8"): 2, ("gb300", "bf16"): 4,
-    ("b200", "fp8"): 4, ("b200", "bf16"): 8, ("gb200", "fp8"): 4, ("gb200", "bf16"): 8,
-    ("h100", "fp8"): 8, ("h100", "bf16"): 16, ("h200", "fp8"): 4, ("h200", "bf16"): 8,
-}  # fmt: skip
+    ("b300", "fp8"): 2,
+    ("b300", "bf16"): 4,
+    ("gb300", "fp8"): 2,
+    ("gb300", "bf16"): 4,
+    ("b200", "fp8"): 4,
+    ("b200", "bf16"): 8,
+    ("gb200", "fp8"): 4,
+    ("gb200", "bf16"): 8,
+    ("h100", "fp8"): 8,
+    ("h100", "bf16"): 16,
+    ("h200", "fp8"): 4,
+    ("h200", "bf16"): 8,
+}
 
 
 def test_minimum_gpu_table_is_the_vendors():
@@ -148,8 +157,18 @@ def test_sharding_follows_the_layout():
 
 
 def test_concurrency_and_context():
-    p = M.plan(FULL, M.Layout(gpu=GPUS["b300"], precision="fp8", gpus_per_node=2, tp=2, context_length=1048576,
-                              chunked_prefill_size=4096, max_running_requests=8))  # fmt: skip
+    p = M.plan(
+        FULL,
+        M.Layout(
+            gpu=GPUS["b300"],
+            precision="fp8",
+            gpus_per_node=2,
+            tp=2,
+            context_length=1048576,
+            chunked_prefill_size=4096,
+            max_running_requests=8,
+        ),
+    )
     assert p.fits
     assert p.max_context_at(1) == 1048576
     big = 10 * p.max_tokens_per_rank // 1048576 + 10

@@ -84,18 +84,24 @@ def test_row_parsers():
 def test_row_speculative(k):
     t = tr(f"""vllm serve {BASE} --speculative-config '{{"method":"mtp","num_speculative_tokens":{k}}}'""")
     f = flags(t)
-    assert (f["--speculative-algorithm"], f["--speculative-num-steps"], f["--speculative-eagle-topk"],
-            f["--speculative-num-draft-tokens"]) == ("EAGLE", str(k), "1", str(k + 1))  # fmt: skip
+    assert (
+        f["--speculative-algorithm"],
+        f["--speculative-num-steps"],
+        f["--speculative-eagle-topk"],
+        f["--speculative-num-draft-tokens"],
+    ) == ("EAGLE", str(k), "1", str(k + 1))
     assert "one token less" in notes(t)
 
 
 @pytest.mark.parametrize(
     "config, match",
-    [('{"method":"mtp","num_speculative_tokens":4}', "1, 2 or 3"),
-     ('{"method":"dspark","num_speculative_tokens":2}', "post-trained"),
-     ('{"method":"ngram","num_speculative_tokens":2}', "no SGLang equivalent"),
-     ("{method: mtp}", "not JSON")],
-)  # fmt: skip
+    [
+        ('{"method":"mtp","num_speculative_tokens":4}', "1, 2 or 3"),
+        ('{"method":"dspark","num_speculative_tokens":2}', "post-trained"),
+        ('{"method":"ngram","num_speculative_tokens":2}', "no SGLang equivalent"),
+        ("{method: mtp}", "not JSON"),
+    ],
+)
 def test_row_speculative_errors(config, match):
     t = translate(["vllm", "serve", BASE, "--speculative-config", config])
     assert any(match in e for e in t.errors)
@@ -147,8 +153,19 @@ def test_row_parallel():
 
 
 def test_row_vllm_only():
-    t = translate(["VLLM_PLUGINS=ernie", "VLLM_USE_MODELSCOPE=1", "vllm", "serve", BASE, "--moe-backend", "humming",
-                   "--gpu-memory-utilization", "0.93"])  # fmt: skip
+    t = translate(
+        [
+            "VLLM_PLUGINS=ernie",
+            "VLLM_USE_MODELSCOPE=1",
+            "vllm",
+            "serve",
+            BASE,
+            "--moe-backend",
+            "humming",
+            "--gpu-memory-utilization",
+            "0.93",
+        ]
+    )
     assert not t.errors
     assert "humming" not in t.command and "gpu-memory-utilization" not in t.command
     assert t.env == {"SGLANG_USE_MODELSCOPE": "1"}
@@ -158,8 +175,16 @@ def test_row_vllm_only():
     assert translate(["VLLM_ATTENTION_BACKEND=FLASHMLA", "vllm", "serve", BASE]).errors
 
 
-@pytest.mark.parametrize("flag", ["--attn-dp-size 2", "--page-size 256", "--hicache-ratio 2", "--enable-dp-lm-head",
-                                  "--moe-a2a-backend deepep"])  # fmt: skip
+@pytest.mark.parametrize(
+    "flag",
+    [
+        "--attn-dp-size 2",
+        "--page-size 256",
+        "--hicache-ratio 2",
+        "--enable-dp-lm-head",
+        "--moe-a2a-backend deepep",
+    ],
+)
 def test_row_sglang_only_flags_are_not_vllm_input(flag):
     assert any("SGLang flag" in e for e in tr(f"vllm serve {BASE} {flag}").errors)
 

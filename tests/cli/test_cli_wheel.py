@@ -33,8 +33,13 @@ def test_wheel_contains_every_cell(wheel):
 
 def test_installed_wheel_reads_its_cells(wheel, tmp_path):
     target = tmp_path / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target), str(wheel)],
-                   check=True, capture_output=True, text=True, timeout=300)  # fmt: skip
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target), str(wheel)],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     code = (
         f"import sys; sys.path.insert(0, {str(target)!r}); import sglang_ernie55.deploy.cells as c; "
         f"assert c.__file__.startswith({str(target)!r}), c.__file__; "

@@ -16,8 +16,11 @@ from tests.serving import twin_harness as th
 
 def generate(server, prompt: list[int], max_new: int) -> dict:
     """Greedy /generate: tokens, their logprobs and meta_info (spec_verify_ct, spec_accept_length, ...)."""
-    body = {"input_ids": prompt, "return_logprob": True,
-            "sampling_params": {"temperature": 0, "max_new_tokens": max_new, "ignore_eos": True}}  # fmt: skip
+    body = {
+        "input_ids": prompt,
+        "return_logprob": True,
+        "sampling_params": {"temperature": 0, "max_new_tokens": max_new, "ignore_eos": True},
+    }
     r = requests.post(server.url + "/generate", json=body, timeout=900)
     if r.status_code != 200:
         raise RuntimeError(f"/generate {r.status_code}: {r.text[:500]}\n{server.tail()}")
@@ -68,8 +71,12 @@ def check_draft_dumps(path, dump, cfg, device: str, prompts, min_requests: int) 
             prompt = torch.tensor(match[0], device=device)
             with sh.kv_rounded_reference():  # the pool's bf16 rounding (DSA top-k near-ties follow it)
                 want_streams = ref.forward(prompt).streams
-                cos_s = torch.nn.functional.cosine_similarity(s_in.flatten(1), want_streams.flatten(1), dim=-1)
-                bad = (cos_s < 0.99).nonzero().flatten()  # bf16-KV noise alone keeps rows above (median 0.999995)
+                cos_s = torch.nn.functional.cosine_similarity(
+                    s_in.flatten(1), want_streams.flatten(1), dim=-1
+                )
+                bad = (
+                    (cos_s < 0.99).nonzero().flatten()
+                )  # bf16-KV noise alone keeps rows above (median 0.999995)
                 if bad.numel():
                     # The target's discrete choices are the DSA top-k and the MoE routing top-k. bf16 KV leaves the
                     # server's streams ~3e-3 relative from the oracle's (median cos 0.999995 on the H200, 2026-12-03),
@@ -83,11 +90,21 @@ def check_draft_dumps(path, dump, cfg, device: str, prompts, min_requests: int) 
                     assert margin < NEAR_TIE_MARGIN, (
                         f"target streams handed to the draft differ from row {t0} of {L} (cos {float(cos_s[t0]):.6f},"
                         f" median {float(cos_s.median()):.7f}); the oracle's closest top-k call (DSA / routing) at that row has margin"
-                        f" {margin:.3g} >= {NEAR_TIE_MARGIN}: not a near-tie")
-                    ill_posed.append({"prompt_len": L, "first_row": t0, "cos": round(float(cos_s[t0]), 6),
-                                      "margin": margin, "rows_differing": int(bad.numel())})  # fmt: skip
+                        f" {margin:.3g} >= {NEAR_TIE_MARGIN}: not a near-tie"
+                    )
+                    ill_posed.append(
+                        {
+                            "prompt_len": L,
+                            "first_row": t0,
+                            "cos": round(float(cos_s[t0]), 6),
+                            "margin": margin,
+                            "rows_differing": int(bad.numel()),
+                        }
+                    )
                 else:
-                    assert cos_s.median() >= 0.9999, f"target streams handed to the draft differ: median {cos_s.median()}"
+                    assert cos_s.median() >= 0.9999, (
+                        f"target streams handed to the draft differ: median {cos_s.median()}"
+                    )
             # the draft's logits from the streams it was handed: exact whatever those streams are
             want = ref.echo_forward(s_in, ids).logits
             got = d["hidden"][off : off + L].float().to(device) @ ref.lm_head.weight.float().t()
@@ -97,7 +114,9 @@ def check_draft_dumps(path, dump, cfg, device: str, prompts, min_requests: int) 
             rows += L
             checked += 1
             off += L
-    assert checked >= min_requests, f"only {checked} prefill draft-extends dumped (near-tie prompts: {ill_posed})"
+    assert checked >= min_requests, (
+        f"only {checked} prefill draft-extends dumped (near-tie prompts: {ill_posed})"
+    )
     # a few prompts may hit a near-tie; a systematic difference would excuse itself on most of them
     assert len(ill_posed) <= max(1, checked // 3), f"{len(ill_posed)} of {checked} prompts: {ill_posed}"
     assert agree >= 0.99 * rows, (agree, rows)

@@ -33,8 +33,16 @@ def setup(request):
 class DraftSession:
     """Draft pool + ECHO backend over a paged slot space (slot 0..255 = padding page)."""
 
-    def __init__(self, draft, cfg, kv_dtype=torch.float32, max_ctx=1024, slots=4, swa: bool = False,
-                 device: str = "cpu"):  # fmt: skip
+    def __init__(
+        self,
+        draft,
+        cfg,
+        kv_dtype=torch.float32,
+        max_ctx=1024,
+        slots=4,
+        swa: bool = False,
+        device: str = "cpu",
+    ):
         from sglang_ernie55.attention.draft_backend import EchoDraftAttnBackend
         from sglang_ernie55.mem_cache.draft_pool import EchoDraftKVPool
 
@@ -44,8 +52,9 @@ class DraftSession:
         # swa: an SWA pool of 2 pages per request (positions < 512), full page (1 + r * pages + k) -> SWA page
         # 2 * slots - 2 * r - k (reverse order), as SGLang's allocator would register it
         swa_pages = 2 * slots if swa else None
-        self.pool = EchoDraftKVPool(size, PAGE, kv_dtype, cfg, device=device,
-                                    swa_size=swa_pages * PAGE if swa else None)  # fmt: skip
+        self.pool = EchoDraftKVPool(
+            size, PAGE, kv_dtype, cfg, device=device, swa_size=swa_pages * PAGE if swa else None
+        )
         self.req_to_token = torch.zeros(slots, max_ctx, dtype=torch.int32)
         mapping = torch.zeros(size + PAGE + 1, dtype=torch.int64)
         mapping[-1] = -1
@@ -58,8 +67,11 @@ class DraftSession:
         self.req_to_token = self.req_to_token.to(device)
         if swa:
             self.pool.register_mapping(mapping.to(device))
-        runner = SimpleNamespace(token_to_kv_pool=self.pool, model_config=SimpleNamespace(hf_config=cfg),
-                                 req_to_token_pool=SimpleNamespace(req_to_token=self.req_to_token))  # fmt: skip
+        runner = SimpleNamespace(
+            token_to_kv_pool=self.pool,
+            model_config=SimpleNamespace(hf_config=cfg),
+            req_to_token_pool=SimpleNamespace(req_to_token=self.req_to_token),
+        )
         self.backend = EchoDraftAttnBackend(runner)
 
     def run(self, mode, reqs, positions, tokens, streams, ragged=None):
@@ -71,10 +83,17 @@ class DraftSession:
         loc = self.req_to_token[reqs_t, pos].long()
         uniq = list(dict.fromkeys(reqs))
         fb = SimpleNamespace(
-            forward_mode=mode, out_cache_loc=loc, req_pool_indices=torch.tensor(uniq, device=d), positions=pos,
-            extend_seq_lens_cpu=ragged, seq_lens=None, seq_lens_cpu=None, global_num_token_non_padded_cpu=None,
-            batch_size=len(uniq), spec_info=SimpleNamespace(hidden_states=streams.flatten(1).to(d)),
-        )  # fmt: skip
+            forward_mode=mode,
+            out_cache_loc=loc,
+            req_pool_indices=torch.tensor(uniq, device=d),
+            positions=pos,
+            extend_seq_lens_cpu=ragged,
+            seq_lens=None,
+            seq_lens_cpu=None,
+            global_num_token_non_padded_cpu=None,
+            batch_size=len(uniq),
+            spec_info=SimpleNamespace(hidden_states=streams.flatten(1).to(d)),
+        )
         self.backend.init_forward_metadata(fb)
         prev = set_forward_context(ForwardContext(attn_backend=self.backend))
         try:
@@ -165,8 +184,13 @@ def test_draft_extend_and_chain_equal_reference(setup, swa):
     sess = DraftSession(draft, cfg, swa=swa)
     g = torch.Generator().manual_seed(0)
     lens = {0: 140, 2: 37}
-    data = {r: (torch.randn(n, cfg.hc_mult, cfg.hidden_size, generator=g), torch.randint(0, cfg.vocab_size, (n,), generator=g))
-            for r, n in lens.items()}  # fmt: skip
+    data = {
+        r: (
+            torch.randn(n, cfg.hc_mult, cfg.hidden_size, generator=g),
+            torch.randint(0, cfg.vocab_size, (n,), generator=g),
+        )
+        for r, n in lens.items()
+    }
     reqs = [r for r, n in lens.items() for _ in range(n)]
     pos = [p for n in lens.values() for p in range(n)]
     toks = torch.cat([data[r][1] for r in lens])
@@ -302,8 +326,14 @@ def test_chunked_draft_extend_equals_whole(setup, swa):
     T = torch.randint(0, cfg.vocab_size, (300,), generator=g)
     S2 = torch.randn(7, cfg.hc_mult, cfg.hidden_size, generator=g)
     T2 = torch.randint(0, cfg.vocab_size, (7,), generator=g)
-    first, _ = sess.run(ForwardMode.EXTEND, [3] * 7 + [0] * 100, list(range(7)) + list(range(100)),
-                        torch.cat([T2, T[:100]]), torch.cat([S2, S[:100]]), ragged=[7, 100])  # fmt: skip
+    first, _ = sess.run(
+        ForwardMode.EXTEND,
+        [3] * 7 + [0] * 100,
+        list(range(7)) + list(range(100)),
+        torch.cat([T2, T[:100]]),
+        torch.cat([S2, S[:100]]),
+        ragged=[7, 100],
+    )
     second, _ = sess.run(ForwardMode.EXTEND, [0] * 200, list(range(100, 300)), T[100:], S[100:], ragged=[200])
     want = ref.echo_forward(S, T).logits
     torch.testing.assert_close(torch.cat([first[7:], second]), want, rtol=2e-4, atol=2e-4)

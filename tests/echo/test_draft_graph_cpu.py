@@ -66,7 +66,11 @@ class GraphTripwire(TorchDispatchMode):
         kwargs = kwargs or {}
         name = str(func.overloadpacket)
         why = _FORBIDDEN.get(name)
-        if name == "aten.repeat_interleave" and isinstance(args[0], torch.Tensor) and kwargs.get("output_size") is None:
+        if (
+            name == "aten.repeat_interleave"
+            and isinstance(args[0], torch.Tensor)
+            and kwargs.get("output_size") is None
+        ):
             if len(args) == 1 or isinstance(args[1], torch.Tensor):
                 why = "repeat_interleave by a tensor without output_size (host sync)"
         if name in ("aten.index", "aten.index_put", "aten.index_put_", "aten._index_put_impl_"):
@@ -169,10 +173,14 @@ def build_runner(monkeypatch, sess, draft, cfg, steps: int, graphs_cls=EmulatedG
         "deployment_attn_dp_size": lambda: 1,
         "get_parallel": lambda: ns(pp_size=1),
         "get_flags": lambda: ns(capture=ns(enable_torch_compile=False)),
-        "get_exec": lambda: ns(graph=ns(disable_cuda_graph_padding=False, enable_profile_cuda_graph=False),
-                               mamba=ns(enable_mamba_extra_buffer=False)),
-        "require_gathered_buffer": lambda: False, "require_mlp_tp_gather": lambda: False,
-        "require_mlp_sync": lambda: False, "require_attn_tp_gather": lambda: False,
+        "get_exec": lambda: ns(
+            graph=ns(disable_cuda_graph_padding=False, enable_profile_cuda_graph=False),
+            mamba=ns(enable_mamba_extra_buffer=False),
+        ),
+        "require_gathered_buffer": lambda: False,
+        "require_mlp_tp_gather": lambda: False,
+        "require_mlp_sync": lambda: False,
+        "require_attn_tp_gather": lambda: False,
         "get_spec": lambda: ns(speculative_num_steps=steps),
         "get_batch_sizes_to_capture": lambda runner, *a, **k: (list(CAPTURE_BS), []),
         "resolve_num_tokens_per_req": lambda *, phase, **k: width if phase == "draft_extend" else 1,
@@ -180,7 +188,7 @@ def build_runner(monkeypatch, sess, draft, cfg, steps: int, graphs_cls=EmulatedG
         "resolve_decode_backend": lambda runner: graphs_cls(runner.draft_extend_attn_backend),
         "model_capture_mode": contextlib.nullcontext,
         "maybe_flashinfer_autotune_speculative_draft": lambda *a, **k: None,
-    }.items():  # fmt: skip
+    }.items():
         monkeypatch.setattr(edr, name, value)
 
     def capture(self):
@@ -191,14 +199,25 @@ def build_runner(monkeypatch, sess, draft, cfg, steps: int, graphs_cls=EmulatedG
     monkeypatch.setattr(edr.EAGLEDraftExtendCudaGraphRunner, "capture", capture)
     d = sess.device
     model_runner = ns(
-        device=d, gpu_id=0, model=draft, spec_algorithm=SpeculativeAlgorithm.EAGLE, is_draft_worker=True,
+        device=d,
+        gpu_id=0,
+        model=draft,
+        spec_algorithm=SpeculativeAlgorithm.EAGLE,
+        is_draft_worker=True,
         model_config=ns(dtype=torch.float32, vocab_size=cfg.vocab_size, hf_config=cfg, model_is_mrope=False),
         graph_shared_output=ns(get_logits_buffer=lambda vocab, rows: torch.zeros(rows, vocab, device=d)),
-        kv_index_translator=ns(bind_runner_slots=lambda fb: None), canary_manager=None, device_timer=None,
+        kv_index_translator=ns(bind_runner_slots=lambda fb: None),
+        canary_manager=None,
+        device_timer=None,
         shared_read_done_event=None,
-    )  # fmt: skip
-    worker = ns(draft_runner=model_runner, draft_extend_attn_backend=sess.backend, hot_token_id=None,
-                speculative_algorithm=SpeculativeAlgorithm.EAGLE, seed_dsa_topk_from_draft_extend=False)  # fmt: skip
+    )
+    worker = ns(
+        draft_runner=model_runner,
+        draft_extend_attn_backend=sess.backend,
+        hot_token_id=None,
+        speculative_algorithm=SpeculativeAlgorithm.EAGLE,
+        seed_dsa_topk_from_draft_extend=False,
+    )
     runner = edr.EAGLEDraftExtendCudaGraphRunner(worker)
     runner.model_context = contextlib.nullcontext  # get_model().override(...) needs a server context
     return runner
@@ -218,8 +237,10 @@ def pool_rows(sess) -> torch.Tensor:
 
 def data_for(cfg, n: int, seed: int):
     g = torch.Generator().manual_seed(seed)
-    return (torch.randn(n, cfg.hc_mult, cfg.hidden_size, generator=g),
-            torch.randint(0, cfg.vocab_size, (n,), generator=g))  # fmt: skip
+    return (
+        torch.randn(n, cfg.hc_mult, cfg.hidden_size, generator=g),
+        torch.randint(0, cfg.vocab_size, (n,), generator=g),
+    )
 
 
 def round_batch(cfg, reqs, steps: int, seed: int, accept, device: str = "cpu"):
@@ -231,12 +252,20 @@ def round_batch(cfg, reqs, steps: int, seed: int, accept, device: str = "cpu"):
     positions = torch.tensor([HISTORY[r] + j for r in reqs for j in range(width)], device=device)
     acc = torch.tensor(accept, dtype=torch.int32, device=device)
     return dict(
-        reqs=[r for r in reqs for _ in range(width)], positions=positions, tokens=tokens, streams=streams,
-        accept=acc, select_index=torch.arange(len(reqs), device=device) * width + acc.long() - 1,
-        spec=lambda: EagleDraftExtendInput(hidden_states=streams.flatten(1), num_correct_drafts=acc - 1,
-                                           num_accept_tokens=acc, num_tokens_per_req=width,
-                                           num_tokens_for_logprob_per_req=width),
-    )  # fmt: skip
+        reqs=[r for r in reqs for _ in range(width)],
+        positions=positions,
+        tokens=tokens,
+        streams=streams,
+        accept=acc,
+        select_index=torch.arange(len(reqs), device=device) * width + acc.long() - 1,
+        spec=lambda: EagleDraftExtendInput(
+            hidden_states=streams.flatten(1),
+            num_correct_drafts=acc - 1,
+            num_accept_tokens=acc,
+            num_tokens_per_req=width,
+            num_tokens_for_logprob_per_req=width,
+        ),
+    )
 
 
 def forward_batch_for(sess, b, reqs):
@@ -245,15 +274,26 @@ def forward_batch_for(sess, b, reqs):
     d = sess.device
     width = b["positions"].shape[0] // len(reqs)
     return SimpleNamespace(
-        forward_mode=ForwardMode.DRAFT_EXTEND_V2, batch_size=len(reqs), input_ids=b["tokens"],
-        req_pool_indices=torch.tensor(reqs, device=d), positions=b["positions"],
+        forward_mode=ForwardMode.DRAFT_EXTEND_V2,
+        batch_size=len(reqs),
+        input_ids=b["tokens"],
+        req_pool_indices=torch.tensor(reqs, device=d),
+        positions=b["positions"],
         out_cache_loc=sess.req_to_token[torch.tensor(b["reqs"], device=d), b["positions"]].long(),
-        seq_lens=torch.tensor([HISTORY[r] + width for r in reqs], device=d), seq_lens_cpu=None, seq_lens_sum=None,
+        seq_lens=torch.tensor([HISTORY[r] + width for r in reqs], device=d),
+        seq_lens_cpu=None,
+        seq_lens_sum=None,
         extend_seq_lens=torch.full((len(reqs),), width, dtype=torch.int32, device=d),
-        extend_seq_lens_cpu=[width] * len(reqs), mrope_positions=None, mamba_track_indices=None,
-        spec_info=b["spec"](), max_seq_len_host=None, out_cache_loc_virtual=None, kv_loc_plan=None, kv_loc_cols=None,
+        extend_seq_lens_cpu=[width] * len(reqs),
+        mrope_positions=None,
+        mamba_track_indices=None,
+        spec_info=b["spec"](),
+        max_seq_len_host=None,
+        out_cache_loc_virtual=None,
+        kv_loc_plan=None,
+        kv_loc_cols=None,
         global_num_tokens_cpu=None,
-    )  # fmt: skip
+    )
 
 
 def prefill_history(sess, cfg):
@@ -264,12 +304,24 @@ def prefill_history(sess, cfg):
         sess.run(ForwardMode.EXTEND, [r] * n, list(range(n)), T, S, ragged=[n])
 
 
-ROUNDS = lambda width: [([1, 2, 3], [width, 1, min(2, width)]), ([1], [width]),  # noqa: E731
-                        ([4, 2, 1, 3], [1, width, 1, width])]  # fmt: skip
+ROUNDS = lambda width: [
+    ([1, 2, 3], [width, 1, min(2, width)]),
+    ([1], [width]),  # noqa: E731
+    ([4, 2, 1, 3], [1, width, 1, width]),
+]
 
 
-def graph_vs_eager_rounds(monkeypatch, draft, cfg, steps: int, swa: bool, device: str = "cpu",
-                          graphs_cls=EmulatedGraphs, tol: float = 1e-5, record_writes: bool = True) -> dict:  # fmt: skip
+def graph_vs_eager_rounds(
+    monkeypatch,
+    draft,
+    cfg,
+    steps: int,
+    swa: bool,
+    device: str = "cpu",
+    graphs_cls=EmulatedGraphs,
+    tol: float = 1e-5,
+    record_writes: bool = True,
+) -> dict:
     """Capture through SGLang's runner, then rounds of 3 requests (padded to 4), 1 (padded to 4) and 4: per round
     the eager DRAFT_EXTEND_V2 forward and the graph form from the same pool state; asserts equal selected logits,
     draft streams and pool rows, capture / padded rows touching nothing but the padding page. Returns the
@@ -301,7 +353,9 @@ def graph_vs_eager_rounds(monkeypatch, draft, cfg, steps: int, swa: bool, device
         before = pool_rows(sess).clone()
         # eager DRAFT_EXTEND_V2 (what SGLang runs without the graph): every row, selected afterwards
         with torch.no_grad():
-            logits, R = sess.run(ForwardMode.DRAFT_EXTEND_V2, b["reqs"], b["positions"], b["tokens"], b["streams"])
+            logits, R = sess.run(
+                ForwardMode.DRAFT_EXTEND_V2, b["reqs"], b["positions"], b["tokens"], b["streams"]
+            )
         eager = pool_rows(sess).clone()
         pool_rows(sess).copy_(before)
         # graph form through SGLang's runner
@@ -322,7 +376,9 @@ def graph_vs_eager_rounds(monkeypatch, draft, cfg, steps: int, swa: bool, device
         untouched[pad] = False
         assert torch.equal(graph[untouched], before[untouched]), "a padded / stale row wrote a live pool row"
         assert torch.equal(eager[pad], before[pad])  # the eager forward never touches the padding page
-        if record_writes:  # every row the replay wrote: the batch's live rows, padded requests' to the padding page
+        if (
+            record_writes
+        ):  # every row the replay wrote: the batch's live rows, padded requests' to the padding page
             assert len(writes) == 1  # one draft layer: one pool write per forward
             locs = writes[0].flatten()
             n_live = fb.out_cache_loc.numel()
@@ -375,8 +431,14 @@ def test_tripwire_catches_host_reads():
     """The tripwire itself: `.item()`, `bool(t)`, nonzero, `.tolist()`, a tensor-repeats repeat_interleave and a
     boolean mask fail; static ops (an index tensor, repeat_interleave by an int or with output_size) pass."""
     t = torch.arange(4)
-    for bad in (lambda: t.sum().item(), lambda: bool(t.any()), lambda: t.nonzero(), lambda: t.tolist(),
-                lambda: t.repeat_interleave(t), lambda: t[t > 1]):  # fmt: skip
+    for bad in (
+        lambda: t.sum().item(),
+        lambda: bool(t.any()),
+        lambda: t.nonzero(),
+        lambda: t.tolist(),
+        lambda: t.repeat_interleave(t),
+        lambda: t[t > 1],
+    ):
         with pytest.raises(HostSyncError), graph_tripwire():
             bad()
     with graph_tripwire() as m:

@@ -85,8 +85,17 @@ def cuda_draft(request):
 @pytest.mark.parametrize("steps", [1, 2, 3])
 def test_draft_extend_cuda_graph_equals_eager(cuda_draft, monkeypatch, steps, swa):
     cfg, draft = cuda_draft
-    g.graph_vs_eager_rounds(monkeypatch, draft, cfg, steps, swa, device="cuda", graphs_cls=CudaGraphs, tol=1e-4,
-                            record_writes=False)  # fmt: skip
+    g.graph_vs_eager_rounds(
+        monkeypatch,
+        draft,
+        cfg,
+        steps,
+        swa,
+        device="cuda",
+        graphs_cls=CudaGraphs,
+        tol=1e-4,
+        record_writes=False,
+    )
 
 
 WARMUP, TIMED = 5, 50

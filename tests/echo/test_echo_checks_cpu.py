@@ -85,8 +85,9 @@ def _break_from(s: torch.Tensor, row: int) -> torch.Tensor:
 
 def test_exact_dumps_pass(setup, tmp_path):
     cfg, path, ref, prompts, streams, _ = setup
-    stats = echo_checks.check_draft_dumps(path, _dump(tmp_path, cfg, ref, prompts, streams), cfg, "cpu", prompts,
-                                          min_requests=len(prompts))  # fmt: skip
+    stats = echo_checks.check_draft_dumps(
+        path, _dump(tmp_path, cfg, ref, prompts, streams), cfg, "cpu", prompts, min_requests=len(prompts)
+    )
     assert stats["requests"] == len(prompts) and stats["skipped_dsa_near_tie"] == [], stats
     assert stats["top1_agree"] == 1.0
 
@@ -95,8 +96,12 @@ def test_near_tie_row_is_counted_not_passed(setup, tmp_path):
     cfg, path, ref, prompts, streams, margins = setup
     i = LENGTHS.index(90)
     row = int(margins[i].argmin())
-    assert row == 5 and margins[i][row] < echo_checks.NEAR_TIE_MARGIN, "the H200 case: row 5 of the 90-token prompt"
-    dump = _dump(tmp_path, cfg, ref, prompts, streams, damage=lambda k, s: _break_from(s, row) if k == i else s)
+    assert row == 5 and margins[i][row] < echo_checks.NEAR_TIE_MARGIN, (
+        "the H200 case: row 5 of the 90-token prompt"
+    )
+    dump = _dump(
+        tmp_path, cfg, ref, prompts, streams, damage=lambda k, s: _break_from(s, row) if k == i else s
+    )
     stats = echo_checks.check_draft_dumps(path, dump, cfg, "cpu", prompts, min_requests=len(prompts))
     (skip,) = stats["skipped_dsa_near_tie"]
     assert skip["prompt_len"] == 90 and skip["first_row"] == row and skip["cos"] < 0.99, skip
@@ -106,9 +111,13 @@ def test_near_tie_row_is_counted_not_passed(setup, tmp_path):
 def test_clear_margin_row_fails(setup, tmp_path):
     cfg, path, ref, prompts, streams, margins = setup
     i = LENGTHS.index(200)
-    row = int(torch.nonzero(margins[i] > 10 * echo_checks.NEAR_TIE_MARGIN)[-1])  # a selecting row, clear margin
+    row = int(
+        torch.nonzero(margins[i] > 10 * echo_checks.NEAR_TIE_MARGIN)[-1]
+    )  # a selecting row, clear margin
     assert torch.isfinite(margins[i][row])
-    dump = _dump(tmp_path, cfg, ref, prompts, streams, damage=lambda k, s: _break_from(s, row) if k == i else s)
+    dump = _dump(
+        tmp_path, cfg, ref, prompts, streams, damage=lambda k, s: _break_from(s, row) if k == i else s
+    )
     with pytest.raises(AssertionError, match=f"from row {row} of 200.*not a near-tie"):
         echo_checks.check_draft_dumps(path, dump, cfg, "cpu", prompts, min_requests=len(prompts))
 

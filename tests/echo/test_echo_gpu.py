@@ -55,25 +55,58 @@ TIE_NATS = 0.01
 # (checkpoint, steps, draft-extend CUDA graph). Most informative first (the low-latency preset, the speed-up
 # bound), so a short run still answers them. `-eagerext` cases run the same server with the draft extend
 # eager (SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH=1): the before/after of the draft-extend graph in one run.
-ALL_CASES = {f"{k}-s{s}{'' if g else '-eagerext'}": (k, s, g) for k in ("random", "exact") for s in (1, 2, 3)
-             for g in (True, False)}  # fmt: skip
+ALL_CASES = {
+    f"{k}-s{s}{'' if g else '-eagerext'}": (k, s, g)
+    for k in ("random", "exact")
+    for s in (1, 2, 3)
+    for g in (True, False)
+}
 DEFAULT_CASES = "random-s2,exact-s3,random-s1,random-s3"
 # ECHO_GPU_CASES=random-s2,random-s2-eagerext,exact-s3 picks (and orders) the cases of a run
 CASES = [ALL_CASES[c] for c in os.environ.get("ECHO_GPU_CASES", DEFAULT_CASES).split(",") if c]
-EXTEND_GRAPH_LOGS = ("Capture draft extend CUDA graph begin", "Capture draft extend CUDA graph end",
-                     "ECHO draft: draft-extend CUDA graph captured", "ECHO draft: first draft-extend CUDA-graph replay")  # fmt: skip
+EXTEND_GRAPH_LOGS = (
+    "Capture draft extend CUDA graph begin",
+    "Capture draft extend CUDA graph end",
+    "ECHO draft: draft-extend CUDA graph captured",
+    "ECHO draft: first draft-extend CUDA-graph replay",
+)
 PROMPT_LENGTHS = (1, 19, 90, 100, 120, 126, 127, 128, 129, 200, 250, 255, 256, 400)
-COMMON = ("--context-length", "4096", "--max-running-requests", "16", "--cuda-graph-max-bs-decode", "16",
-          "--chunked-prefill-size", "512", "--max-total-tokens", "131072", "--sampling-backend", "pytorch",
-          "--disable-prefill-cuda-graph", "--mem-fraction-static", sh.mem_fraction("0.4"), "--dtype", "float32",
-          "--kv-cache-dtype", "bfloat16")  # fmt: skip
+COMMON = (
+    "--context-length",
+    "4096",
+    "--max-running-requests",
+    "16",
+    "--cuda-graph-max-bs-decode",
+    "16",
+    "--chunked-prefill-size",
+    "512",
+    "--max-total-tokens",
+    "131072",
+    "--sampling-backend",
+    "pytorch",
+    "--disable-prefill-cuda-graph",
+    "--mem-fraction-static",
+    sh.mem_fraction("0.4"),
+    "--dtype",
+    "float32",
+    "--kv-cache-dtype",
+    "bfloat16",
+)
 SERVER_TIMEOUT_S = 300  # a hung start must not eat the device command's 10 minutes
 OUT = Path(os.environ.get("OUT") or os.environ.get("SERVING_LOG_DIR") or "gpu-out")
 
 
 def spec_flags(steps: int) -> tuple[str, ...]:
-    return ("--speculative-algorithm", "EAGLE", "--speculative-num-steps", str(steps),
-            "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", str(steps + 1))  # fmt: skip
+    return (
+        "--speculative-algorithm",
+        "EAGLE",
+        "--speculative-num-steps",
+        str(steps),
+        "--speculative-eagle-topk",
+        "1",
+        "--speculative-num-draft-tokens",
+        str(steps + 1),
+    )
 
 
 def record(**data) -> None:
@@ -98,8 +131,13 @@ def decode_speed(server, bos: int, vocab: int, batch: int, max_new: int = 256) -
     wall = time.perf_counter() - t0
     n = sum(len(o["tokens"]) for o in outs)
     verify = sum(o["meta"].get("spec_verify_ct", 0) for o in outs)
-    return {"batch": batch, "tokens": n, "wall_s": round(wall, 3), "tok_per_s": round(n / wall, 1),
-            "ms_per_round": round(1e3 * wall / (verify / batch if verify else n / batch), 3)}  # fmt: skip
+    return {
+        "batch": batch,
+        "tokens": n,
+        "wall_s": round(wall, 3),
+        "tok_per_s": round(n / wall, 1),
+        "ms_per_round": round(1e3 * wall / (verify / batch if verify else n / batch), 3),
+    }
 
 
 def server_accept_length(server) -> float | None:
@@ -160,8 +198,14 @@ def _baseline(path, prompts, cfg):
     if "base" not in Runs.cache:
         b = Runs.cache["base"] = _serve("echo-random-base", path, prompts, cfg)
         b["score"] = _score(path, prompts, b["outs"])
-        record(checkpoint="random", steps=0, speed=b["speed"], startup_s=round(b["startup_s"], 1),
-               cuda_graph=" cuda graph: True" in b["log"], score=b["score"].summary())  # fmt: skip
+        record(
+            checkpoint="random",
+            steps=0,
+            speed=b["speed"],
+            startup_s=round(b["startup_s"], 1),
+            cuda_graph=" cuda graph: True" in b["log"],
+            score=b["score"].summary(),
+        )
     return Runs.cache["base"]
 
 
@@ -184,8 +228,9 @@ def extend_graph_state(log: str) -> dict:
     }
 
 
-@pytest.mark.parametrize("kind,steps,extend_graph", CASES,
-                         ids=[f"{k}-s{s}{'' if g else '-eagerext'}" for k, s, g in CASES])  # fmt: skip
+@pytest.mark.parametrize(
+    "kind,steps,extend_graph", CASES, ids=[f"{k}-s{s}{'' if g else '-eagerext'}" for k, s, g in CASES]
+)
 def test_echo_server(kind, steps, extend_graph, ckpts, prompts, cfg, tmp_path):
     path = ckpts[kind]
     base = _baseline(ckpts["random"], prompts, cfg)
@@ -205,16 +250,28 @@ def test_echo_server(kind, steps, extend_graph, ckpts, prompts, cfg, tmp_path):
         for p, a, b in zip(prompts, base["outs"], run["outs"]):
             if a["tokens"] != b["tokens"]:
                 i = next(j for j, (x, y) in enumerate(zip(a["tokens"], b["tokens"])) if x != y)
-                diffs.append({"prompt_len": len(p), "first_diff": i, "base": a["tokens"][i], "echo": b["tokens"][i]})
-    record(checkpoint=kind, steps=steps, speed=run["speed"], startup_s=round(run["startup_s"], 1),
-           ms_per_round_bs1=run["speed"][0]["ms_per_round"], ms_per_round_bs8=run["speed"][1]["ms_per_round"],
-           draft_extend_graph=graphs,
-           cuda_graph=" cuda graph: True" in run["log"], hybrid_swa="pool sizing: mode=hybrid-swa" in run["log"],
-           mean_accept_length=sum(a for a in accept if a) / max(sum(1 for a in accept if a), 1),
-           server_avg_accept_length=run["avg_accept"], drafts_correct=correct, drafts_proposed=proposed,
-           speedup_bs1=round(run["speed"][0]["tok_per_s"] / base["speed"][0]["tok_per_s"], 3),
-           speedup_bs8=round(run["speed"][1]["tok_per_s"] / base["speed"][1]["tok_per_s"], 3),
-           score=s.summary(), diffs_vs_base=diffs)  # fmt: skip
+                diffs.append(
+                    {"prompt_len": len(p), "first_diff": i, "base": a["tokens"][i], "echo": b["tokens"][i]}
+                )
+    record(
+        checkpoint=kind,
+        steps=steps,
+        speed=run["speed"],
+        startup_s=round(run["startup_s"], 1),
+        ms_per_round_bs1=run["speed"][0]["ms_per_round"],
+        ms_per_round_bs8=run["speed"][1]["ms_per_round"],
+        draft_extend_graph=graphs,
+        cuda_graph=" cuda graph: True" in run["log"],
+        hybrid_swa="pool sizing: mode=hybrid-swa" in run["log"],
+        mean_accept_length=sum(a for a in accept if a) / max(sum(1 for a in accept if a), 1),
+        server_avg_accept_length=run["avg_accept"],
+        drafts_correct=correct,
+        drafts_proposed=proposed,
+        speedup_bs1=round(run["speed"][0]["tok_per_s"] / base["speed"][0]["tok_per_s"], 3),
+        speedup_bs8=round(run["speed"][1]["tok_per_s"] / base["speed"][1]["tok_per_s"], 3),
+        score=s.summary(),
+        diffs_vs_base=diffs,
+    )
     # 0. the draft extend ran as SGLang's CUDA graph (captured by the ECHO hook, replayed), or eagerly when the
     #    case turns it off (then SGLang captured none)
     if extend_graph:
@@ -233,7 +290,9 @@ def test_echo_server(kind, steps, extend_graph, ckpts, prompts, cfg, tmp_path):
     assert s.mean_lp_err <= 0.005, s.summary()
     if kind == "random":
         strict = sum(a["tokens"] == b["tokens"] for a, b in zip(base["outs"], run["outs"]))
-        assert strict == len(prompts) or s.top1 < s.positions, f"ECHO steps={steps} changed greedy outputs: {diffs}"
+        assert strict == len(prompts) or s.top1 < s.positions, (
+            f"ECHO steps={steps} changed greedy outputs: {diffs}"
+        )
     # 2. the draft shares the target's tensors (hook log) and owns only the echo tensors
     m = re.search(
         r"ECHO draft attached: shared_tensors=(\d+) shared_bytes=(\d+) draft_owned_bytes=(\d+)", run["log"]

@@ -36,15 +36,41 @@ from tests.serving import server_harness as sh
 
 SHIM = Path(__file__).resolve().parent / "cpu_spec_shim"
 NEW_TOKENS = 10
-FLAGS = ("--device", "cpu", "--dtype", "float32", "--kv-cache-dtype", "bfloat16", "--context-length", "2048",
-         "--max-running-requests", "4", "--max-total-tokens", "8192", "--swa-full-tokens-ratio", "0.5",
-         "--chunked-prefill-size", "256",
-         "--disable-cuda-graph", "--disable-prefill-cuda-graph", "--sampling-backend", "pytorch")  # fmt: skip
+FLAGS = (
+    "--device",
+    "cpu",
+    "--dtype",
+    "float32",
+    "--kv-cache-dtype",
+    "bfloat16",
+    "--context-length",
+    "2048",
+    "--max-running-requests",
+    "4",
+    "--max-total-tokens",
+    "8192",
+    "--swa-full-tokens-ratio",
+    "0.5",
+    "--chunked-prefill-size",
+    "256",
+    "--disable-cuda-graph",
+    "--disable-prefill-cuda-graph",
+    "--sampling-backend",
+    "pytorch",
+)
 
 
 def _spec(steps: int) -> tuple[str, ...]:
-    return ("--speculative-algorithm", "EAGLE", "--speculative-num-steps", str(steps),
-            "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", str(steps + 1))  # fmt: skip
+    return (
+        "--speculative-algorithm",
+        "EAGLE",
+        "--speculative-num-steps",
+        str(steps),
+        "--speculative-eagle-topk",
+        "1",
+        "--speculative-num-draft-tokens",
+        str(steps + 1),
+    )
 
 
 def _serve(path, steps: int, name: str, dump: Path, monkeypatch):
@@ -56,7 +82,9 @@ def _serve(path, steps: int, name: str, dump: Path, monkeypatch):
 
 def _run(path, steps, name, tmp_path, monkeypatch, lengths):
     cfg = tiny_config()
-    prompts = sh.make_prompts(cfg.vocab_size, cfg.bos_token_id, lengths=(*lengths, 1000), seed=1)[: len(lengths)]
+    prompts = sh.make_prompts(cfg.vocab_size, cfg.bos_token_id, lengths=(*lengths, 1000), seed=1)[
+        : len(lengths)
+    ]
     dump = tmp_path / "dump"
     dump.mkdir()
     server = _serve(path, steps, name, dump, monkeypatch)

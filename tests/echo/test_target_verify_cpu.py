@@ -96,7 +96,9 @@ def test_verify_rows_equal_teacher_forced_reference(setup, steps, swa_pages):
     nxt = [int(c[-1]) for c in committed]  # any token: decode one more position for both requests
     got = s.decode([0, 1], nxt)
     for r, c in enumerate(committed):
-        torch.testing.assert_close(got[r], ref.forward(torch.cat([c, torch.tensor([nxt[r]])])).logits[-1], **TOL)
+        torch.testing.assert_close(
+            got[r], ref.forward(torch.cat([c, torch.tensor([nxt[r]])])).logits[-1], **TOL
+        )
 
 
 @pytest.mark.slow
@@ -121,11 +123,19 @@ def test_verify_padded_graph_rows_match_eager(setup):
     pe, pg = eager.pool, graph.pool
     for lid in pe.state:
         sc = pe.state_scratch
-        torch.testing.assert_close(pg.state[lid][:sc], pe.state[lid][:sc], atol=1e-4, rtol=1e-4)  # GEMM batch shapes differ
-        torch.testing.assert_close(pg.cmp[lid].data[:-1], pe.cmp[lid].data[:-1], atol=1e-4, rtol=1e-4)  # GEMM batch shapes differ
-        torch.testing.assert_close(pg.win[lid].data[256:], pe.win[lid].data[256:], atol=1e-4, rtol=1e-4)  # GEMM batch shapes differ
+        torch.testing.assert_close(
+            pg.state[lid][:sc], pe.state[lid][:sc], atol=1e-4, rtol=1e-4
+        )  # GEMM batch shapes differ
+        torch.testing.assert_close(
+            pg.cmp[lid].data[:-1], pe.cmp[lid].data[:-1], atol=1e-4, rtol=1e-4
+        )  # GEMM batch shapes differ
+        torch.testing.assert_close(
+            pg.win[lid].data[256:], pe.win[lid].data[256:], atol=1e-4, rtol=1e-4
+        )  # GEMM batch shapes differ
     for lid in pe.latent:
-        torch.testing.assert_close(pg.latent[lid].data[256:], pe.latent[lid].data[256:], atol=1e-4, rtol=1e-4)  # GEMM batch shapes differ
+        torch.testing.assert_close(
+            pg.latent[lid].data[256:], pe.latent[lid].data[256:], atol=1e-4, rtol=1e-4
+        )  # GEMM batch shapes differ
 
 
 @pytest.mark.slow

@@ -20,9 +20,18 @@ from sglang_ernie55.kernels.sparse_attn import Scope, flashmla_sparse_attention,
 
 
 def hca_attention(
-    q: torch.Tensor, window: Scope, compressed: Scope | None, sink: torch.Tensor, positions: torch.Tensor,
-    cos: torch.Tensor, sin: torch.Tensor, *, use_flashmla: bool = False, out: torch.Tensor | None = None, **tuning,
-) -> torch.Tensor:  # fmt: skip
+    q: torch.Tensor,
+    window: Scope,
+    compressed: Scope | None,
+    sink: torch.Tensor,
+    positions: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    *,
+    use_flashmla: bool = False,
+    out: torch.Tensor | None = None,
+    **tuning,
+) -> torch.Tensor:
     """q bf16 [T, h, D] (D = window.geom.dim, already normed and rotated); window / compressed: Scopes
     over the HCA window pool and compressed pool (compressed None: window only, e.g. the ECHO draft);
     sink fp32 [h]; positions int [T]; cos / sin fp32 [max_pos, rope / 2]. Returns o [T, h, D] bf16."""

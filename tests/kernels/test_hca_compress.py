@@ -50,20 +50,43 @@ class _Harness:
         kvs = torch.cat(kvs_list).to(DEV)
         jobs = plan_compress_jobs(pre, end, self.req_slot, self.cmp_slot, device=DEV, ratio=self.ratio)
         # pad the job list with a no-op job (as a CUDA graph would)
-        jobs = tuple(torch.cat([j, torch.full((1,), -1 if k == 4 else 0, dtype=j.dtype, device=DEV)])
-                     for k, j in enumerate(jobs))  # fmt: skip
+        jobs = tuple(
+            torch.cat([j, torch.full((1,), -1 if k == 4 else 0, dtype=j.dtype, device=DEV)])
+            for k, j in enumerate(jobs)
+        )
         state_before = self.state.clone()
-        hca_compress_store(self.pool, self.g, kvs, self.state, self.ape.to(DEV), self.w.to(DEV), self.eps,
-                           self.cos, self.sin, *jobs)  # fmt: skip
+        hca_compress_store(
+            self.pool,
+            self.g,
+            kvs,
+            self.state,
+            self.ape.to(DEV),
+            self.w.to(DEV),
+            self.eps,
+            self.cos,
+            self.sin,
+            *jobs,
+        )
         # the oracle (kernels_ref) of the same jobs, on the same state, encoded like the store
         live = jobs[4] >= 0
         if live.any() and twin:
-            want = R.hca_compress_jobs(kvs.cpu(), state_before.cpu(), self.ape, self.w, self.eps, self.inv,
-                                       self.rope, *(j[live].cpu() for j in jobs[:4]))  # fmt: skip
+            want = R.hca_compress_jobs(
+                kvs.cpu(),
+                state_before.cpu(),
+                self.ape,
+                self.w,
+                self.eps,
+                self.inv,
+                self.rope,
+                *(j[live].cpu() for j in jobs[:4]),
+            )
             enc = self.pool.cpu().clone()
             torch_twin.pool_store(enc, self.g, jobs[4][live].cpu().long(), want)
             slots = jobs[4][live].cpu().long()
-            got, exact = torch_twin.pool_gather(self.pool.cpu(), self.g, slots), torch_twin.pool_gather(enc, self.g, slots)
+            got, exact = (
+                torch_twin.pool_gather(self.pool.cpu(), self.g, slots),
+                torch_twin.pool_gather(enc, self.g, slots),
+            )
             diff = (got != exact) & ~(got.isnan() & exact.isnan())  # NaN: unwritten rows
             if DEV == "cpu":  # equal, but for values whose fp32 twin sits on a rounding midpoint (fp32 noise)
                 tie = _rounding_tie(got, exact, want)
@@ -83,8 +106,9 @@ class _Harness:
         n = nb * self.ratio
         worst = 0.0
         if nb:
-            ref = F.hca_compress(rows[:n, : self.dim], rows[:n, self.dim :], self.ape, self.w,
-                                 self.eps, self.inv, self.rope)  # fmt: skip
+            ref = F.hca_compress(
+                rows[:n, : self.dim], rows[:n, self.dim :], self.ape, self.w, self.eps, self.inv, self.rope
+            )
             slots = torch.tensor([self.cmp_slot(r, j) for j in range(nb)])
             got = torch_twin.pool_gather(self.pool.cpu(), self.g, slots)
             worst = rel(got, ref)
@@ -165,8 +189,8 @@ def test_hca_compress_rejected_drafts_two_block_ring(kv):
 
 def test_hca_compress_rejected_drafts_one_block_ring_loses_rows():
     """Control: the same rounds with a one-block ring (no speculative state) corrupt block 0 of request 0
-    (the rejected rows past 127 overwrote its first rows) and block 1 of request 1 (the rows of a block completed
-by a verify are not kept), so the test above is sensitive to the ring."""
+        (the rejected rows past 127 overwrote its first rows) and block 1 of request 1 (the rows of a block completed
+    by a verify are not kept), so the test above is sensitive to the ring."""
     # no kernel-vs-twin equality here: the corrupted state holds never-written rows, whose NaN / garbage the
     # GPU's fused exp / max order propagates differently from the twin (seen on the H200: every entry differed)
     errs = _spec_run("bf16", blocks=1, check_state=False, twin=False)
@@ -201,7 +225,9 @@ def test_hca_compress_odd_geometry(name, kv):
     decode), the two-block ring, at other compress ratios and padded widths: entries vs the whole-sequence
     reference, the open block's state rows exact."""
     ratio, dim, rope, _ = ODD[name]
-    _run(kv, [2 * ratio + 5, ratio + 1], [ratio // 2 + 3, ratio, 1], blocks=2, dim=dim, rope=rope, ratio=ratio)
+    _run(
+        kv, [2 * ratio + 5, ratio + 1], [ratio // 2 + 3, ratio, 1], blocks=2, dim=dim, rope=rope, ratio=ratio
+    )
 
 
 EXTREMES = [(1, [9, 4], [3, 1]), (2, [9, 5], [3, 2, 1]), (256, [517, 257], [131, 256, 127, 1])]

@@ -18,7 +18,9 @@ def test_hca_indices_match_the_paged_requests(window, ratio):
     q_pos = torch.tensor([p for _, p in queries], dtype=torch.int32)
     width = -(-max(3000 // ratio, 1) // 64) * 64
     kw = {} if (window, ratio) == (128, 128) else dict(window=window, ratio=ratio)  # the defaults: full size
-    win, win_len, cmp, cmp_len = hca_indices(reqs.page_table, reqs.page_table, q_req, q_pos, cmp_width=width, **kw)
+    win, win_len, cmp, cmp_len = hca_indices(
+        reqs.page_table, reqs.page_table, q_req, q_pos, cmp_width=width, **kw
+    )
     assert win.shape[1] == window and cmp.shape[1] == width
     assert torch.equal(win_len, wl) and torch.equal(cmp_len, cl)
     for t in range(len(queries)):

@@ -62,8 +62,11 @@ def _check(name, n_tok, pages, dtype=torch.bfloat16):
         tok = []
         for b in diff.tolist():
             page, off = divmod(b, g.page_bytes)
-            idx = page * g.page_size + (off // g.data_stride if off < g.page_size * g.data_stride else
-                                        (off - g.scale_base) // max(g.scale_stride, 1))  # fmt: skip
+            idx = page * g.page_size + (
+                off // g.data_stride
+                if off < g.page_size * g.data_stride
+                else (off - g.scale_base) // max(g.scale_stride, 1)
+            )
             hit = (slots == idx).nonzero().flatten().tolist()
             tok.append((b, idx, hit[:1], x[hit[0]].float().abs().amax().item() if hit else None))
         raise AssertionError(

@@ -18,8 +18,17 @@ TOL = {"fp8": 2e-2, "bf16": 2e-2}  # bf16 q / p operands and a bf16 output
 
 
 def _hca_case(
-    kv, seq_lens, queries_per_req, H, num_splits=None, dim=512, rope=64, check_mask_ref=False,
-    window=L.HCA_WINDOW, ratio=L.HCA_COMPRESS_RATIO, **kw
+    kv,
+    seq_lens,
+    queries_per_req,
+    H,
+    num_splits=None,
+    dim=512,
+    rope=64,
+    check_mask_ref=False,
+    window=L.HCA_WINDOW,
+    ratio=L.HCA_COMPRESS_RATIO,
+    **kw,
 ):
     torch.manual_seed(0)
     reqs = PagedRequests(seq_lens, window=window, ratio=ratio)
@@ -34,11 +43,17 @@ def _hca_case(
     sink = torch.randn(H, device=DEV)
     out = poison((T, H, dim), torch.bfloat16)
     main, extra = Scope(win_pool, g, wi, wl), Scope(cmp_pool, gc, ci, cl)
-    o, lse = sparse_mqa_attention(q, main, extra, sm_scale=dim**-0.5, d_v=dim, sink=sink, out=out,
-                                  num_splits=num_splits, **kw)  # fmt: skip
+    o, lse = sparse_mqa_attention(
+        q, main, extra, sm_scale=dim**-0.5, d_v=dim, sink=sink, out=out, num_splits=num_splits, **kw
+    )
     assert o.data_ptr() == out.data_ptr() and not torch.isnan(o).any()
-    ref = R.sparse_attention(q.cpu(), [(win_pool.cpu(), g, wi.cpu(), wl.cpu()), (cmp_pool.cpu(), gc, ci.cpu(), cl.cpu())],
-                             sink.cpu(), dim**-0.5, dim)  # fmt: skip
+    ref = R.sparse_attention(
+        q.cpu(),
+        [(win_pool.cpu(), g, wi.cpu(), wl.cpu()), (cmp_pool.cpu(), gc, ci.cpu(), cl.cpu())],
+        sink.cpu(),
+        dim**-0.5,
+        dim,
+    )
     assert rel(o.cpu(), ref) < TOL[kv], rel(o.cpu(), ref)
     if check_mask_ref:  # the index lists themselves against functional.hca_visible_mask, per request
         for r, Lr in enumerate(seq_lens):
@@ -46,11 +61,13 @@ def _hca_case(
             qpos = torch.tensor([queries[i][1] for i in rows])
             kv_all = torch_twin.pool_gather(win_pool.cpu(), g, torch.tensor(reqs.token_slots(r, 0, Lr)))
             ncmp = Lr // ratio
-            cmp_all = torch_twin.pool_gather(cmp_pool.cpu(), gc, torch.tensor([reqs.cmp_slot(r, j) for j in range(ncmp)],
-                                                                      dtype=torch.long))  # fmt: skip
+            cmp_all = torch_twin.pool_gather(
+                cmp_pool.cpu(), gc, torch.tensor([reqs.cmp_slot(r, j) for j in range(ncmp)], dtype=torch.long)
+            )
             raw, cm = F.hca_visible_mask(qpos, torch.arange(Lr), ncmp, window, ratio)
-            ref2 = F.sink_attention(q[rows].cpu(), torch.cat([kv_all, cmp_all]), torch.cat([raw, cm], 1), sink.cpu(),
-                                    dim**-0.5)  # fmt: skip
+            ref2 = F.sink_attention(
+                q[rows].cpu(), torch.cat([kv_all, cmp_all]), torch.cat([raw, cm], 1), sink.cpu(), dim**-0.5
+            )
             assert rel(o[rows].cpu(), ref2) < TOL[kv]
     return o, lse, (q, main, extra, sink)
 
@@ -58,7 +75,12 @@ def _hca_case(
 # split kernels: serving's and the head-dim-chunked candidate (benchmarks/sparse_attn_dchunk.py; chunks of 64 /
 # 128 / 256 dims: one scale tile per chunk, two tiles per chunk, a chunk that holds both fp8 and bf16 dims of the
 # HCA row)
-VAR = {"base": {}, "dc64": dict(split=DChunk(64)), "dc128": dict(split=DChunk(128)), "dc256": dict(split=DChunk(256))}
+VAR = {
+    "base": {},
+    "dc64": dict(split=DChunk(64)),
+    "dc128": dict(split=DChunk(128)),
+    "dc256": dict(split=DChunk(256)),
+}
 
 
 @pytest.mark.parametrize("kv", ["fp8", "bf16"])
@@ -93,7 +115,9 @@ def test_mla_decode_tiny(kv, var):
     idx, ln = reqs.mla_indices(queries)
     idx[2, 5] = -1  # a hole inside the list is skipped
     q = torch.randn(3, 16, 576, device=DEV).to(torch.bfloat16)
-    o, _ = sparse_mqa_attention(q, Scope(pool, g, idx, ln), sm_scale=192**-0.5, d_v=512, num_splits=2, **VAR[var])
+    o, _ = sparse_mqa_attention(
+        q, Scope(pool, g, idx, ln), sm_scale=192**-0.5, d_v=512, num_splits=2, **VAR[var]
+    )
     ref = R.sparse_attention(q.cpu(), [(pool.cpu(), g, idx.cpu(), ln.cpu())], None, 192**-0.5, 512)
     assert rel(o.cpu(), ref) < TOL[kv]
 
@@ -110,8 +134,9 @@ def test_mla_tiny_value_with_rope_tail(kv, var):
     q = torch.randn(2, 16, 576, device=DEV).to(torch.bfloat16)
     ref = R.sparse_attention(q.cpu(), [(pool.cpu(), g, idx.cpu(), ln.cpu())], None, 192**-0.5, 576)
     for splits in (1, 3):
-        o, _ = sparse_mqa_attention(q, Scope(pool, g, idx, ln), sm_scale=192**-0.5, d_v=576, num_splits=splits,
-                                    **VAR[var])  # fmt: skip
+        o, _ = sparse_mqa_attention(
+            q, Scope(pool, g, idx, ln), sm_scale=192**-0.5, d_v=576, num_splits=splits, **VAR[var]
+        )
         assert rel(o.cpu(), ref) < TOL[kv], (splits, rel(o.cpu(), ref))
 
 
@@ -144,8 +169,17 @@ def test_two_scopes_ragged_boundary(kv, var):
     ref = R.sparse_attention(q.cpu(), scopes, sink.cpu(), 128**-0.5, 128)
     for kw in (dict(num_splits=1), dict(num_splits=3), dict(split_keys=32)):
         out = poison((5, 4, 128), torch.float32)
-        o, lse = sparse_mqa_attention(q, Scope(pa, g, ia, wl), Scope(pb, gc, ib, cl), sm_scale=128**-0.5, d_v=128,
-                                      sink=sink, out=out, **kw, **VAR[var])  # fmt: skip
+        o, lse = sparse_mqa_attention(
+            q,
+            Scope(pa, g, ia, wl),
+            Scope(pb, gc, ib, cl),
+            sm_scale=128**-0.5,
+            d_v=128,
+            sink=sink,
+            out=out,
+            **kw,
+            **VAR[var],
+        )
         assert not torch.isnan(o).any() and rel(o.cpu(), ref) < TOL[kv], (kw, rel(o.cpu(), ref))
         assert (o[4] == 0).all() and torch.isinf(lse[4]).all()
 
@@ -168,8 +202,9 @@ def test_sparse_attn_rejects_bad_shapes():
             torch.zeros(2, 4, 576, dtype=torch.bfloat16), Scope(pool, g, idx), sm_scale=1.0, d_v=512
         )
     with pytest.raises(ValueError, match="indices: int32"):
-        sparse_mqa_attention(torch.zeros(2, 4, 512, dtype=torch.bfloat16), Scope(pool, g, idx.long()), sm_scale=1.0,
-                             d_v=512)  # fmt: skip
+        sparse_mqa_attention(
+            torch.zeros(2, 4, 512, dtype=torch.bfloat16), Scope(pool, g, idx.long()), sm_scale=1.0, d_v=512
+        )
 
 
 # ------------------------------------------------------------------ geometries beyond the full-size / tiny ones
@@ -254,7 +289,9 @@ def test_split_keys_batch_invariant_odd_geometry(var):
         assert torch.equal(alone, batched), (alone - batched).abs().max().item()
         sink = kw.get("sink")
         sc = [(s.pool.cpu(), s.geom, s.indices.cpu(), s.lengths.cpu()) for s in scopes]
-        ref = R.sparse_attention(q.cpu(), sc, sink.cpu() if sink is not None else None, kw["sm_scale"], kw["d_v"])
+        ref = R.sparse_attention(
+            q.cpu(), sc, sink.cpu() if sink is not None else None, kw["sm_scale"], kw["d_v"]
+        )
         assert rel(alone.cpu(), ref) < TOL["fp8"], rel(alone.cpu(), ref)
 
 
@@ -265,11 +302,18 @@ RAGGED = [1, 19, 97, 127, 128, 129, 255, 256, 257, 511, 513, 3001]
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("kv", ["fp8", "bf16"])
-@pytest.mark.parametrize("cfg", [{}, {"block_n": 64, "num_warps": 16}, {"block_h": 16, "num_warps": 4},
-                                 {"split": DChunk(64), "block_n": 64},
-                                 {"split": DChunk(128), "block_n": 32},
-                                 {"split": DChunk(128), "block_n": 16},
-                                 {"split": DChunk(64), "block_n": 32, "num_warps": 16}])  # fmt: skip
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        {},
+        {"block_n": 64, "num_warps": 16},
+        {"block_h": 16, "num_warps": 4},
+        {"split": DChunk(64), "block_n": 64},
+        {"split": DChunk(128), "block_n": 32},
+        {"split": DChunk(128), "block_n": 16},
+        {"split": DChunk(64), "block_n": 32, "num_warps": 16},
+    ],
+)
 def test_hca_decode_full(kv, cfg):
     _hca_case(kv, RAGGED, 1, H=64, check_mask_ref=True, **cfg)
 
@@ -298,10 +342,16 @@ def test_hca_flashmla_same_cache(H):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("kv", ["fp8", "bf16"])
-@pytest.mark.parametrize("cfg", [{}, {"block_n": 64, "num_warps": 16},
-                                 {"split": DChunk(64), "block_n": 64},
-                                 {"split": DChunk(128), "block_n": 32},
-                                 {"split": DChunk(256), "block_n": 32, "num_stages": 2}])  # fmt: skip
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        {},
+        {"block_n": 64, "num_warps": 16},
+        {"split": DChunk(64), "block_n": 64},
+        {"split": DChunk(128), "block_n": 32},
+        {"split": DChunk(256), "block_n": 32, "num_stages": 2},
+    ],
+)
 def test_mla_sparse_full(kv, cfg):
     torch.manual_seed(2)
     g = L.mla_geometry(kv)
@@ -360,8 +410,15 @@ def _run_in_batches(q, scopes, split_keys, **kw):
     out = lambda n: poison((n, H, kw["d_v"]), torch.float32)  # noqa: E731
     alone = []
     for t in range(T):
-        sc = [Scope(s.pool, s.geom, s.indices[t : t + 1, : max(1, int(s.lengths[t]))].contiguous(),
-                    s.lengths[t : t + 1].contiguous()) for s in scopes]  # fmt: skip
+        sc = [
+            Scope(
+                s.pool,
+                s.geom,
+                s.indices[t : t + 1, : max(1, int(s.lengths[t]))].contiguous(),
+                s.lengths[t : t + 1].contiguous(),
+            )
+            for s in scopes
+        ]
         o, _ = sparse_mqa_attention(q[t : t + 1].contiguous(), *sc, split_keys=split_keys, out=out(1), **kw)
         alone.append(o)
     rev = torch.arange(T - 1, -1, -1, device=q.device)
@@ -381,16 +438,21 @@ def _invariance_cases():
     cmp_pool, _ = filled_pool(gc, reqs.num_pages, 128)
     queries = [(r, p) for r, L_ in enumerate(reqs.seq_lens) for p in (L_ - 2, L_ - 1)]
     (wi, wl), (ci, cl) = reqs.hca_indices(queries)
-    hca = (torch.randn(len(queries), 4, 128, device=DEV).to(torch.bfloat16),
-           [Scope(win_pool, g, wi, wl), Scope(cmp_pool, gc, ci, cl)],
-           dict(sm_scale=128**-0.5, d_v=128, sink=torch.randn(4, device=DEV)))  # fmt: skip
+    hca = (
+        torch.randn(len(queries), 4, 128, device=DEV).to(torch.bfloat16),
+        [Scope(win_pool, g, wi, wl), Scope(cmp_pool, gc, ci, cl)],
+        dict(sm_scale=128**-0.5, d_v=128, sink=torch.randn(4, device=DEV)),
+    )
     gm = L.mla_geometry("bf16")
     mreqs = PagedRequests([40, 300, 600])
     pool, _ = filled_pool(gm, mreqs.num_pages, 576)
     mq = [(r, s - 1) for r, s in enumerate(mreqs.seq_lens)] + [(2, 450)]
     idx, ln = mreqs.mla_indices(mq)
-    mla = (torch.randn(len(mq), 16, 576, device=DEV).to(torch.bfloat16), [Scope(pool, gm, idx, ln)],
-           dict(sm_scale=192**-0.5, d_v=512))  # fmt: skip
+    mla = (
+        torch.randn(len(mq), 16, 576, device=DEV).to(torch.bfloat16),
+        [Scope(pool, gm, idx, ln)],
+        dict(sm_scale=192**-0.5, d_v=512),
+    )
     return {"hca": hca, "mla": mla}
 
 
@@ -406,8 +468,13 @@ def test_split_keys_batch_invariant(kind, var):
         alone, batched = _run_in_batches(q, scopes, split_keys, **kw)
         assert torch.equal(alone, batched), (split_keys, (alone.float() - batched.float()).abs().max().item())
     # still the right attention (not merely a stable one)
-    ref = R.sparse_attention(q.cpu(), [(s.pool.cpu(), s.geom, s.indices.cpu(), s.lengths.cpu()) for s in scopes],
-                             kw.get("sink").cpu() if kw.get("sink") is not None else None, kw["sm_scale"], kw["d_v"])  # fmt: skip
+    ref = R.sparse_attention(
+        q.cpu(),
+        [(s.pool.cpu(), s.geom, s.indices.cpu(), s.lengths.cpu()) for s in scopes],
+        kw.get("sink").cpu() if kw.get("sink") is not None else None,
+        kw["sm_scale"],
+        kw["d_v"],
+    )
     assert rel(alone.cpu(), ref) < TOL["fp8"], rel(alone.cpu(), ref)
 
 
@@ -452,8 +519,9 @@ def test_split_keys_batch_invariant_full(kv, var):
         idx[i, : len(r)] = torch.tensor(r, dtype=torch.int32)
     ln = torch.tensor([len(r) for r in rows], dtype=torch.int32)
     mq = torch.randn(len(rows), 64, 576, device=DEV).to(torch.bfloat16)
-    alone, batched = _run_in_batches(mq, [Scope(pool, gm, idx.to(DEV), ln.to(DEV))], 256, sm_scale=192**-0.5,
-                                     d_v=512, **VAR[var])  # fmt: skip
+    alone, batched = _run_in_batches(
+        mq, [Scope(pool, gm, idx.to(DEV), ln.to(DEV))], 256, sm_scale=192**-0.5, d_v=512, **VAR[var]
+    )
     assert torch.equal(alone, batched), (alone - batched).abs().max().item()
 
 
@@ -466,8 +534,13 @@ def test_fp32_queries_run_ieee_fp32(kind):
     out = poison((q.shape[0], q.shape[1], kw["d_v"]), torch.float32)
     o, _ = sparse_mqa_attention(q, *scopes, out=out, **kw)
     sink = kw.get("sink")
-    ref = R.sparse_attention(q.cpu(), [(s.pool.cpu(), s.geom, s.indices.cpu(), s.lengths.cpu()) for s in scopes],
-                             sink.cpu() if sink is not None else None, kw["sm_scale"], kw["d_v"])  # fmt: skip
+    ref = R.sparse_attention(
+        q.cpu(),
+        [(s.pool.cpu(), s.geom, s.indices.cpu(), s.lengths.cpu()) for s in scopes],
+        sink.cpu() if sink is not None else None,
+        kw["sm_scale"],
+        kw["d_v"],
+    )
     assert rel(o.cpu(), ref) < 1e-5, rel(o.cpu(), ref)
 
 
@@ -486,8 +559,20 @@ def test_fp32_queries_full_width(kv):
     (wi, wl), (ci, cl) = reqs.hca_indices(queries)
     q = torch.randn(len(queries), 16, 512, device=DEV)
     sink = torch.randn(16, device=DEV)
-    o, _ = sparse_mqa_attention(q, Scope(win_pool, g, wi, wl), Scope(cmp_pool, gc, ci, cl), sm_scale=512**-0.5,
-                                d_v=512, sink=sink, out=torch.empty(len(queries), 16, 512, device=DEV))  # fmt: skip
-    ref = R.sparse_attention(q.cpu(), [(win_pool.cpu(), g, wi.cpu(), wl.cpu()), (cmp_pool.cpu(), gc, ci.cpu(), cl.cpu())],
-                             sink.cpu(), 512**-0.5, 512)  # fmt: skip
+    o, _ = sparse_mqa_attention(
+        q,
+        Scope(win_pool, g, wi, wl),
+        Scope(cmp_pool, gc, ci, cl),
+        sm_scale=512**-0.5,
+        d_v=512,
+        sink=sink,
+        out=torch.empty(len(queries), 16, 512, device=DEV),
+    )
+    ref = R.sparse_attention(
+        q.cpu(),
+        [(win_pool.cpu(), g, wi.cpu(), wl.cpu()), (cmp_pool.cpu(), gc, ci.cpu(), cl.cpu())],
+        sink.cpu(),
+        512**-0.5,
+        512,
+    )
     assert rel(o.cpu(), ref) < 1e-5, rel(o.cpu(), ref)

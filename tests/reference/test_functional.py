@@ -11,7 +11,13 @@ from sglang_ernie55.reference import functional as Fn
 from sglang_ernie55.reference.mhc import hc_post, hc_pre, sinkhorn
 from sglang_ernie55.reference.rope import apply_rope_half, apply_rope_interleaved, yarn_inv_freq
 
-YARN = {"type": "yarn", "factor": 16, "original_max_position_embeddings": 65536, "beta_fast": 32, "beta_slow": 1}
+YARN = {
+    "type": "yarn",
+    "factor": 16,
+    "original_max_position_embeddings": 65536,
+    "beta_fast": 32,
+    "beta_slow": 1,
+}
 
 
 def test_rope_interleaved_is_complex_rotation_and_inverts():
@@ -19,9 +25,10 @@ def test_rope_interleaved_is_complex_rotation_and_inverts():
     inv = yarn_inv_freq(64, 160000.0, YARN)
     x, pos = torch.randn(19, 4, 64), torch.randint(0, 1_000_000, (19,))
     ang = pos[:, None].double() * inv[None].double()
-    z = torch.view_as_complex(x.double().view(19, 4, 32, 2).contiguous()) * torch.polar(
-        torch.ones_like(ang), ang
-    )[:, None, :]
+    z = (
+        torch.view_as_complex(x.double().view(19, 4, 32, 2).contiguous())
+        * torch.polar(torch.ones_like(ang), ang)[:, None, :]
+    )
     want = torch.view_as_real(z).flatten(-2).float()
     got = apply_rope_interleaved(x, pos, inv)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
@@ -105,7 +112,9 @@ def test_indexer_scores_formula():
     torch.manual_seed(4)
     qI, w, kI = torch.randn(2, 4, 8), torch.randn(2, 4), torch.randn(5, 8)
     got = Fn.indexer_scores(qI, w, kI)
-    want = torch.tensor([[sum(w[t, h] * max(qI[t, h] @ kI[s], 0.0) for h in range(4)) for s in range(5)] for t in range(2)])
+    want = torch.tensor(
+        [[sum(w[t, h] * max(qI[t, h] @ kI[s], 0.0) for h in range(4)) for s in range(5)] for t in range(2)]
+    )
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 

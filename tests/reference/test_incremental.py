@@ -68,6 +68,8 @@ def test_echo_incremental_matches_full(model, length):
     full = model.echo_forward(streams, ids[1:])
     cache, parts, s = model.new_echo_cache(), [], 0
     for c in _chunks(length, [60, 70, 1]):
-        parts.append(model.echo_forward(streams[s : s + c], ids[s + 1 : s + c + 1], cache=cache, start_pos=s).logits)
+        parts.append(
+            model.echo_forward(streams[s : s + c], ids[s + 1 : s + c + 1], cache=cache, start_pos=s).logits
+        )
         s += c
     torch.testing.assert_close(torch.cat(parts), full.logits, rtol=1e-4, atol=1e-4)

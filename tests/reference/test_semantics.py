@@ -26,7 +26,9 @@ def test_hca_sees_old_tokens_only_through_complete_compressed_blocks():
     """One HCA layer (dense FFN): a token at position 130 reaches queries 130..257 through the window and
     queries >= 255 (block 1 complete) through its compressed entry; the window-only (ECHO) mode loses
     the second path, so queries >= 258 stop depending on it."""
-    m = build_reference(tiny_config(num_hidden_layers=1, layer_types=["hca"], num_nextn_predict_layers=0), seed=3)
+    m = build_reference(
+        tiny_config(num_hidden_layers=1, layer_types=["hca"], num_nextn_predict_layers=0), seed=3
+    )
     a = _ids(400, 4)
     b = a.clone()
     b[130] = (a[130] + 1) % 509 + 3

@@ -79,16 +79,34 @@ IEEE_VARIANTS = "triton/fused,triton/f32out"
 GEOMETRIES = {
     "tiny": {},
     "user": dict(
-        num_hidden_layers=4, layer_types=["mla_dsa", "hca", "mla_dsa", "hca"], window_size=64,
-        compress_ratio=32, num_routers=3, head_dim=96, qk_rope_head_dim=32, v_head_dim=48,
-        qk_nope_head_dim=40, kv_lora_rank=96, index_head_dim=48, index_n_heads=4, moe_intermediate_size=80,
-        n_routed_experts=12, num_experts_per_tok=3,
+        num_hidden_layers=4,
+        layer_types=["mla_dsa", "hca", "mla_dsa", "hca"],
+        window_size=64,
+        compress_ratio=32,
+        num_routers=3,
+        head_dim=96,
+        qk_rope_head_dim=32,
+        v_head_dim=48,
+        qk_nope_head_dim=40,
+        kv_lora_rank=96,
+        index_head_dim=48,
+        index_n_heads=4,
+        moe_intermediate_size=80,
+        n_routed_experts=12,
+        num_experts_per_tok=3,
     ),
     "mla_first": dict(
-        num_hidden_layers=3, layer_types=["mla_dsa", "hca", "hca"], first_k_dense_replace=0, window_size=128,
-        compress_ratio=32, num_routers=3, n_routed_experts=8, num_experts_per_tok=7, moe_intermediate_size=72,
+        num_hidden_layers=3,
+        layer_types=["mla_dsa", "hca", "hca"],
+        first_k_dense_replace=0,
+        window_size=128,
+        compress_ratio=32,
+        num_routers=3,
+        n_routed_experts=8,
+        num_experts_per_tok=7,
+        moe_intermediate_size=72,
     ),
-}  # fmt: skip
+}
 
 
 def geometry_config(name: str):
@@ -339,11 +357,13 @@ def run_variant(model, cfg, seqs, device: str) -> list[dict]:
                 model, cfg, torch.bfloat16, num_pages=8, max_ctx=1024, slots=2, impl="torch", device=device
             )
             parts = [s.extend([0], [ids[:-DECODE]])] + [s.decode([0], [int(t)]) for t in ids[-DECODE:]]
-        res.append({
-            "logits": torch.cat(parts).float().cpu(),
-            "streams": [torch.cat(x) for x in spy.streams],
-            "routes": {li: torch.cat(x) for li, x in spy.routes.items()},
-        })  # fmt: skip
+        res.append(
+            {
+                "logits": torch.cat(parts).float().cpu(),
+                "streams": [torch.cat(x) for x in spy.streams],
+                "routes": {li: torch.cat(x) for li, x in spy.routes.items()},
+            }
+        )
     return res
 
 
@@ -360,10 +380,16 @@ class _GraphDecode:
         z = lambda: torch.zeros(1, dtype=torch.int64, device=device)  # noqa: E731
         self.ids, self.pos, self.loc, self.seq, self.req = z(), z(), z(), z(), z()
         self.fb = SimpleNamespace(
-            forward_mode=ForwardMode.DECODE, out_cache_loc=self.loc, req_pool_indices=self.req,
-            seq_lens=self.seq, seq_lens_cpu=None, extend_prefix_lens_cpu=None, extend_seq_lens_cpu=None,
-            global_num_token_non_padded_cpu=None, batch_size=1,
-        )  # fmt: skip
+            forward_mode=ForwardMode.DECODE,
+            out_cache_loc=self.loc,
+            req_pool_indices=self.req,
+            seq_lens=self.seq,
+            seq_lens_cpu=None,
+            extend_prefix_lens_cpu=None,
+            extend_seq_lens_cpu=None,
+            global_num_token_non_padded_cpu=None,
+            batch_size=1,
+        )
         self.graph = self.out = None
 
     def _body(self) -> torch.Tensor:
@@ -490,18 +516,29 @@ def score(cfg, orc: list[dict], got: list[dict]) -> dict:
             flips += 1
             hit = (errs[p] > BIG_ERR).nonzero()
             first = int(hit[0]) if len(hit) else None
-            flip_list.append({
-                "seq": s, "pos": p, "gap_nats": round(float(gap[p]), 4), "first_big_layer": first,
-                "first_kind": None if first is None else cfg.layer_types[first]
-                + ("+moe" if cfg.is_moe_layer(first) else "+dense"),
-                "oracle_margin_there": _finite(o["margin"][first][p]) if first is not None else None,
-                "layer_rel_err": [float(f"{x:.2e}") for x in errs[p].tolist()],
-            })  # fmt: skip
+            flip_list.append(
+                {
+                    "seq": s,
+                    "pos": p,
+                    "gap_nats": round(float(gap[p]), 4),
+                    "first_big_layer": first,
+                    "first_kind": None
+                    if first is None
+                    else cfg.layer_types[first] + ("+moe" if cfg.is_moe_layer(first) else "+dense"),
+                    "oracle_margin_there": _finite(o["margin"][first][p]) if first is not None else None,
+                    "layer_rel_err": [float(f"{x:.2e}") for x in errs[p].tolist()],
+                }
+            )
     return {
-        "top1": agree, "positions": n, "flips": flips, "max_logit_err": max_logit,
-        "mean_lp_err": float(torch.cat(lp_err).mean()), "route_diff": route_diff, "big_err_positions": big,
+        "top1": agree,
+        "positions": n,
+        "flips": flips,
+        "max_logit_err": max_logit,
+        "mean_lp_err": float(torch.cat(lp_err).mean()),
+        "route_diff": route_diff,
+        "big_err_positions": big,
         "flip_list": flip_list,
-    }  # fmt: skip
+    }
 
 
 # ---------------------------------------------------------------------------------------------- experts alone
@@ -554,8 +591,13 @@ def experts_check(model, cfg, ex: Experts, device: str) -> dict:
     rep: dict = {"intermediate": inter, "latent": int(z.shape[1]), "topk": int(ids.shape[1])}
     ex.set("twin")
     twin = fx(z, topk).float()
-    refs = {"twin": twin, "tf32trunc_fp16": emulate("trunc", True), "tf32rne_fp16": emulate("rne", True),
-            "fp16_only": emulate(None, True), "tf32trunc_only": emulate("trunc", False)}  # fmt: skip
+    refs = {
+        "twin": twin,
+        "tf32trunc_fp16": emulate("trunc", True),
+        "tf32rne_fp16": emulate("rne", True),
+        "fp16_only": emulate(None, True),
+        "tf32trunc_only": emulate("trunc", False),
+    }
     for mode in ("fused", "f32out"):
         try:
             ex.set(mode)
@@ -573,13 +615,14 @@ def env_facts(device: str) -> dict:
     import triton
 
     f = {
-        "torch": torch.__version__, "triton": triton.__version__,
+        "torch": torch.__version__,
+        "triton": triton.__version__,
         "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
         "float32_matmul_precision": torch.get_float32_matmul_precision(),
         "cuda_matmul_allow_tf32": torch.backends.cuda.matmul.allow_tf32,
         "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32,
         "TRITON_F32_DEFAULT": os.environ.get("TRITON_F32_DEFAULT"),
-    }  # fmt: skip
+    }
     try:
         f["cuda_matmul_fp32_precision"] = str(torch.backends.cuda.matmul.fp32_precision)
     except Exception:  # noqa: BLE001
@@ -686,8 +729,10 @@ def worker(args) -> None:
                     grep["variants"][f"host:emulated {name}"] = {"error": f"{type(e).__name__}: {e}"}
                     traceback.print_exc()
         if dev == "cuda":
-            for name, fn, fargs in (("fused_config", fused_config, (cfg,)),
-                                    ("experts_check", experts_check, (model, cfg, ex, dev))):  # fmt: skip
+            for name, fn, fargs in (
+                ("fused_config", fused_config, (cfg,)),
+                ("experts_check", experts_check, (model, cfg, ex, dev)),
+            ):
                 try:
                     grep[name] = fn(*fargs)
                 except Exception as e:  # noqa: BLE001
@@ -722,10 +767,26 @@ def _spawn(args, extra_env: dict, variants: str, cache: str) -> subprocess.Popen
     for k in ("MASTER_PORT", "MASTER_ADDR", "RANK", "WORLD_SIZE", "LOCAL_RANK", "SGLANG_ERNIE55_LAYER_IMPL"):
         env.pop(k, None)
     env["SGLANG_ERNIE55_ATTN_IMPL"] = "torch"
-    cmd = [sys.executable, "-m", "tests.serving.geometry_diag", "--worker", "--device", args.device, "--geometries",
-           args.geometries, "--variants", variants, "--seed", str(args.seed), "--lengths", args.lengths]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "tests.serving.geometry_diag",
+        "--worker",
+        "--device",
+        args.device,
+        "--geometries",
+        args.geometries,
+        "--variants",
+        variants,
+        "--seed",
+        str(args.seed),
+        "--lengths",
+        args.lengths,
+    ]
     root = Path(__file__).resolve().parents[2]  # a module of the tests package: run from the repository root
-    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=root)
+    return subprocess.Popen(
+        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=root
+    )
 
 
 def _collect(name: str, p: subprocess.Popen, timeout: float) -> dict:

@@ -44,8 +44,15 @@ def geometry_config(geometry: str):
     if geometry == "tiny":
         return tiny_config(num_hidden_layers=2, layer_types=["hca", "mla_dsa"], first_k_dense_replace=2)
     if geometry == "full":
-        return Ernie55Config(vocab_size=512, num_hidden_layers=2, layer_types=["hca", "mla_dsa"],
-                             first_k_dense_replace=2, intermediate_size=256, bos_token_id=1, eos_token_id=2)  # fmt: skip
+        return Ernie55Config(
+            vocab_size=512,
+            num_hidden_layers=2,
+            layer_types=["hca", "mla_dsa"],
+            first_k_dense_replace=2,
+            intermediate_size=256,
+            bos_token_id=1,
+            eos_token_id=2,
+        )
     if geometry in MATRIX_LAYERS:
         from tests.serving.geometries import BY_NAME
 
@@ -114,10 +121,15 @@ def make_inputs(cfg, T: int, g: torch.Generator, device) -> dict:
     nI, dI = cfg.index_n_heads, cfg.index_head_dim
     rn = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
     x = dict(
-        q=_bf16(rn(T, h, D)), kv=rn(T, D), cs=torch.cat([rn(T, D), 2 * rn(T, D)], 1),
-        mq=_bf16(rn(T, h, R + r)), kc=rn(T, R + r), iq=_bf16(rn(T, nI, dI)), iw=rn(T, nI) * (nI * dI) ** -0.5,
+        q=_bf16(rn(T, h, D)),
+        kv=rn(T, D),
+        cs=torch.cat([rn(T, D), 2 * rn(T, D)], 1),
+        mq=_bf16(rn(T, h, R + r)),
+        kc=rn(T, R + r),
+        iq=_bf16(rn(T, nI, dI)),
+        iw=rn(T, nI) * (nI * dI) ** -0.5,
         ik=rn(T, dI),
-    )  # fmt: skip
+    )
     return {k: v.to(device) for k, v in x.items()}
 
 
@@ -178,11 +190,16 @@ def _fb(mode, loc, req, seq, prefix=None, ext=None, draft_tokens: int | None = N
         mode
     ]
     return SimpleNamespace(
-        forward_mode=fm, out_cache_loc=loc,
-        req_pool_indices=torch.tensor(req, device=dev), seq_lens=seq_t, seq_lens_cpu=seq_t.cpu(),
-        extend_prefix_lens_cpu=prefix, extend_seq_lens_cpu=ext, batch_size=len(req),
+        forward_mode=fm,
+        out_cache_loc=loc,
+        req_pool_indices=torch.tensor(req, device=dev),
+        seq_lens=seq_t,
+        seq_lens_cpu=seq_t.cpu(),
+        extend_prefix_lens_cpu=prefix,
+        extend_seq_lens_cpu=ext,
+        batch_size=len(req),
         spec_info=SimpleNamespace(draft_token_num=draft_tokens),
-    )  # fmt: skip
+    )
 
 
 def _tol(kv: str, device: str) -> float:
@@ -191,8 +208,18 @@ def _tol(kv: str, device: str) -> float:
     return 1e-5 if device == "cpu" else 2e-2
 
 
-def compare(cfg, pool, got: dict, want: dict, snap_g: dict, snap_w: dict, kv: str, device: str, tag: str,
-            lens: list[int]):  # fmt: skip
+def compare(
+    cfg,
+    pool,
+    got: dict,
+    want: dict,
+    snap_g: dict,
+    snap_w: dict,
+    kv: str,
+    device: str,
+    tag: str,
+    lens: list[int],
+):
     """Outputs within tolerance; window / latent / indexer rows and the open-block state rows equal (the rows
     a later batch can read: those of every live request's last ring // ratio blocks); compressed entries
     close."""
@@ -259,8 +286,11 @@ class BackendRun:
         from sglang_ernie55.attention.backend import Ernie55AttnBackend
 
         self.kv, self.device, self.pool, self.slots, self.cfg = kv, device, pool, slots, cfg
-        runner = SimpleNamespace(token_to_kv_pool=pool, model_config=SimpleNamespace(hf_config=cfg),
-                                 req_to_token_pool=SimpleNamespace(req_to_token=slots.req_to_token))  # fmt: skip
+        runner = SimpleNamespace(
+            token_to_kv_pool=pool,
+            model_config=SimpleNamespace(hf_config=cfg),
+            req_to_token_pool=SimpleNamespace(req_to_token=slots.req_to_token),
+        )
         self.twin = Ernie55AttnBackend(runner, impl="torch")
         self.backs = {impl: Ernie55AttnBackend(runner, impl=impl) for impl in impls}
         for impl, be in self.backs.items():
@@ -293,8 +323,13 @@ class BackendRun:
         its k rows at loc 0, seq len 1, SGLang's fill value); graph-width == eager on the real rows."""
         fb, T = self.verify(reqs, k)
         dev = self.device
-        fb = _fb("verify", torch.cat([fb.out_cache_loc, torch.zeros(k, dtype=torch.int64, device=dev)]),
-                 list(reqs) + [0], fb.seq_lens_cpu.tolist() + [1], draft_tokens=k)  # fmt: skip
+        fb = _fb(
+            "verify",
+            torch.cat([fb.out_cache_loc, torch.zeros(k, dtype=torch.int64, device=dev)]),
+            list(reqs) + [0],
+            fb.seq_lens_cpu.tolist() + [1],
+            draft_tokens=k,
+        )
         for be in (self.twin, *self.backs.values()):
             be.init_cuda_graph_state(len(reqs) + 1, T + k)
         self.compared(tag, fb, T + k, False, graph=True, real=T)
@@ -331,8 +366,12 @@ class BackendRun:
         seq len `pad_seq`); then the graph-width metadata gives the eager-width result on the real rows."""
         device = self.device
         fb, T = self.decode(reqs)
-        fb = _fb("decode", torch.cat([fb.out_cache_loc, torch.zeros(1, dtype=torch.int64, device=device)]),
-                 list(reqs) + [0], [self.slots.lens[r] for r in reqs] + [pad_seq])  # fmt: skip
+        fb = _fb(
+            "decode",
+            torch.cat([fb.out_cache_loc, torch.zeros(1, dtype=torch.int64, device=device)]),
+            list(reqs) + [0],
+            [self.slots.lens[r] for r in reqs] + [pad_seq],
+        )
         for be in (self.twin, *self.backs.values()):
             be.init_cuda_graph_state(T + 1, T + 1)
         self.compared(tag, fb, T + 1, True, graph=True, real=T)
@@ -482,10 +521,14 @@ def run_model(kv: str = "bfloat16", device: str = "cpu") -> dict:
     ids = torch.randint(3, cfg.vocab_size, (140,), generator=g)
     ids[0] = cfg.bos_token_id
     outs = {}
-    for name, impl, cls in (("kernel", "triton", None), ("rounded_twin", "torch", rounded_twin_cls()),
-                            ("twin", "torch", None)):  # fmt: skip
-        s = th.Session(model, cfg, dtype, num_pages=4, max_ctx=1024, slots=2, impl=impl, device=device,
-                       backend_cls=cls)  # fmt: skip
+    for name, impl, cls in (
+        ("kernel", "triton", None),
+        ("rounded_twin", "torch", rounded_twin_cls()),
+        ("twin", "torch", None),
+    ):
+        s = th.Session(
+            model, cfg, dtype, num_pages=4, max_ctx=1024, slots=2, impl=impl, device=device, backend_cls=cls
+        )
         parts = [s.extend([0], [ids[:100]]), s.extend([0], [ids[100:137]])]
         parts += [s.decode([0], [int(ids[137 + t])]) for t in range(3)]
         outs[name] = torch.cat(parts).float().cpu()
@@ -496,11 +539,14 @@ def run_model(kv: str = "bfloat16", device: str = "cpu") -> dict:
         lp_a, lp_b = torch.log_softmax(a, -1), torch.log_softmax(b, -1)
         pick = a.argmax(-1)
         rep[name] = {
-            "max_logit_diff": float((a - b).abs().max()), "logit_scale": float(b.abs().max()),
+            "max_logit_diff": float((a - b).abs().max()),
+            "logit_scale": float(b.abs().max()),
             "top1_equal": int((pick == b.argmax(-1)).sum()),
             "worst_top1_gap": float((lp_b.max(-1).values - lp_b.gather(1, pick[:, None])[:, 0]).max()),
-            "max_logprob_diff": float((lp_a.gather(1, pick[:, None]) - lp_b.gather(1, pick[:, None])).abs().max()),
-        }  # fmt: skip
+            "max_logprob_diff": float(
+                (lp_a.gather(1, pick[:, None]) - lp_b.gather(1, pick[:, None])).abs().max()
+            ),
+        }
     return rep
 
 
@@ -519,8 +565,11 @@ def run_graph(
     num_pages, max_ctx, req_slots = 24, 4096, 4
     pool = Ernie55TokenToKVPool(num_pages * PAGE, PAGE, dtype, cfg, num_req_slots=req_slots, device=device)
     slots = Slots(num_pages, max_ctx, req_slots, device)
-    runner = SimpleNamespace(token_to_kv_pool=pool, model_config=SimpleNamespace(hf_config=cfg),
-                             req_to_token_pool=SimpleNamespace(req_to_token=slots.req_to_token))  # fmt: skip
+    runner = SimpleNamespace(
+        token_to_kv_pool=pool,
+        model_config=SimpleNamespace(hf_config=cfg),
+        req_to_token_pool=SimpleNamespace(req_to_token=slots.req_to_token),
+    )
     twin = Ernie55AttnBackend(runner, impl="torch")
     layers = Layers(cfg, device)
     g = torch.Generator().manual_seed(3)
@@ -531,8 +580,11 @@ def run_graph(
     fb = _fb("extend", loc, [1, 2, 3], lens0, prefix, lens0)
     run_batch(twin, layers, fb, make_inputs(cfg, sum(lens0), g, device), False)
     B = 4  # 3 live rows + 1 padded row (request slot 0, loc 0, seq len 1)
-    static = SimpleNamespace(req=torch.tensor([1, 2, 3, 0], device=device), seq=torch.ones(B, dtype=torch.int64, device=device),
-                             loc=torch.zeros(B, dtype=torch.int64, device=device))  # fmt: skip
+    static = SimpleNamespace(
+        req=torch.tensor([1, 2, 3, 0], device=device),
+        seq=torch.ones(B, dtype=torch.int64, device=device),
+        loc=torch.zeros(B, dtype=torch.int64, device=device),
+    )
     xs = make_inputs(cfg, B, g, device)
     fb_s = _fb("decode", static.loc, [1, 2, 3, 0], [1] * B)
     fb_s.req_pool_indices, fb_s.seq_lens, fb_s.out_cache_loc, fb_s.seq_lens_cpu = (
@@ -592,8 +644,18 @@ def run_graph(
             snap_g = snapshot(pool)
             restore(pool, before)
             eager = run_batch(be, layers, fb_e, x, True)
-            rep[impl] = compare(cfg, pool, {k: v[:3] for k, v in got.items()}, {k: v[:3] for k, v in want.items()},
-                                snap_g, snap_w, kv, device, f"graph{step}/{impl}", slots.lens)  # fmt: skip
+            rep[impl] = compare(
+                cfg,
+                pool,
+                {k: v[:3] for k, v in got.items()},
+                {k: v[:3] for k, v in want.items()},
+                snap_g,
+                snap_w,
+                kv,
+                device,
+                f"graph{step}/{impl}",
+                slots.lens,
+            )
             for k in got:
                 err = float((got[k][:3] - eager[k][:3]).abs().max())
                 rep[impl][f"{k}_graph_vs_eager"] = err

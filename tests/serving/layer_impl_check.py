@@ -84,9 +84,17 @@ def geometry_config(geometry: str):
     if geometry == "tiny":
         return tiny_config()
     if geometry == "full":  # the real widths of every per-layer piece; small experts and vocab
-        return Ernie55Config(vocab_size=512, num_hidden_layers=3, layer_types=["hca", "mla_dsa", "hca"],
-                             first_k_dense_replace=1, intermediate_size=256, moe_intermediate_size=64,
-                             shared_expert_intermediate_size=256, bos_token_id=1, eos_token_id=2)  # fmt: skip
+        return Ernie55Config(
+            vocab_size=512,
+            num_hidden_layers=3,
+            layer_types=["hca", "mla_dsa", "hca"],
+            first_k_dense_replace=1,
+            intermediate_size=256,
+            moe_intermediate_size=64,
+            shared_expert_intermediate_size=256,
+            bos_token_id=1,
+            eos_token_id=2,
+        )
     if geometry == "odd":
         return tiny_config(**ODD)
     raise ValueError(geometry)
@@ -97,13 +105,33 @@ def geometry_config(geometry: str):
 # q_lora 144, o_lora 120; window and compress ratio 64; an MLA-DSA first layer and a second one after a MoE
 # layer; 3 routers choosing 7 of 8 experts; expert width 80 (not a multiple of 32).
 ODD = dict(
-    vocab_size=512, hidden_size=192, num_hidden_layers=4, layer_types=["mla_dsa", "hca", "mla_dsa", "hca"],
-    first_k_dense_replace=1, intermediate_size=320, num_attention_heads=12, q_lora_rank=144, head_dim=96,
-    qk_rope_head_dim=32, window_size=64, compress_ratio=64, o_groups=4, o_lora_rank=120, kv_lora_rank=96,
-    qk_nope_head_dim=48, v_head_dim=48, index_n_heads=6, index_head_dim=48, index_topk=48, n_routed_experts=8,
-    num_experts_per_tok=7, moe_latent_size=96, moe_intermediate_size=80, shared_expert_intermediate_size=160,
+    vocab_size=512,
+    hidden_size=192,
+    num_hidden_layers=4,
+    layer_types=["mla_dsa", "hca", "mla_dsa", "hca"],
+    first_k_dense_replace=1,
+    intermediate_size=320,
+    num_attention_heads=12,
+    q_lora_rank=144,
+    head_dim=96,
+    qk_rope_head_dim=32,
+    window_size=64,
+    compress_ratio=64,
+    o_groups=4,
+    o_lora_rank=120,
+    kv_lora_rank=96,
+    qk_nope_head_dim=48,
+    v_head_dim=48,
+    index_n_heads=6,
+    index_head_dim=48,
+    index_topk=48,
+    n_routed_experts=8,
+    num_experts_per_tok=7,
+    moe_latent_size=96,
+    moe_intermediate_size=80,
+    shared_expert_intermediate_size=160,
     num_routers=3,
-)  # fmt: skip
+)
 
 
 def _model(device: str, geometry: str = "tiny"):
@@ -281,10 +309,15 @@ def run_model(device: str = "cpu", geometry: str = "tiny") -> dict:
     want = ref.forward(ids).logits.float()
     rep = {"geometry": geometry, "positions": int(outs["triton"].shape[0])}
     rep["logit_scale"] = float(want.abs().max())
-    for name, (a, b) in {"triton_vs_torch": (outs["triton"], outs["torch"]), "triton_vs_reference": (outs["triton"], want),
-                         "torch_vs_reference": (outs["torch"], want)}.items():  # fmt: skip
-        rep[name] = {"max_logit_diff": float((a - b).abs().max()),
-                     "top1_equal": int((a.argmax(-1) == b.argmax(-1)).sum())}  # fmt: skip
+    for name, (a, b) in {
+        "triton_vs_torch": (outs["triton"], outs["torch"]),
+        "triton_vs_reference": (outs["triton"], want),
+        "torch_vs_reference": (outs["torch"], want),
+    }.items():
+        rep[name] = {
+            "max_logit_diff": float((a - b).abs().max()),
+            "top1_equal": int((a.argmax(-1) == b.argmax(-1)).sum()),
+        }
     return rep
 
 

@@ -54,9 +54,15 @@ def make_prompts(vocab: int, bos: int, lengths=PROMPT_LENGTHS, seed: int = 0) ->
 
 class Server:
     def __init__(
-        self, model_path: str, *args: str, log_name: str = "server", device_args=(), timeout: float = 600,
-        env: dict | None = None, cli: bool = False,
-    ):  # fmt: skip
+        self,
+        model_path: str,
+        *args: str,
+        log_name: str = "server",
+        device_args=(),
+        timeout: float = 600,
+        env: dict | None = None,
+        cli: bool = False,
+    ):
         """env: extra environment variables of the server process (e.g. SGLANG_ERNIE55_ATTN_IMPL); cli: start it
         as the user types it, `sglang serve` (where that launcher is on PATH)."""
         self.port = free_port()
@@ -64,15 +70,33 @@ class Server:
         log_dir = Path(os.environ.get("SERVING_LOG_DIR") or tempfile.mkdtemp())
         log_dir.mkdir(parents=True, exist_ok=True)
         self.log_path = log_dir / f"{log_name}.log"
-        launcher = ["sglang", "serve"] if cli and shutil.which("sglang") else [sys.executable, "-m", "sglang.launch_server"]
-        cmd = [*launcher, "--model-path", str(model_path), "--host", "127.0.0.1", "--port", str(self.port),
-               *device_args, *args]  # fmt: skip
+        launcher = (
+            ["sglang", "serve"]
+            if cli and shutil.which("sglang")
+            else [sys.executable, "-m", "sglang.launch_server"]
+        )
+        cmd = [
+            *launcher,
+            "--model-path",
+            str(model_path),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            *device_args,
+            *args,
+        ]
         self.cmd = cmd
         self._log = open(self.log_path, "w")
         self._log.write("".join(f"{k}={v} " for k, v in (env or {}).items()) + " ".join(cmd) + "\n")
         self._log.flush()
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
-                                     env={**os.environ, **(env or {})})  # fmt: skip
+        self.proc = subprocess.Popen(
+            cmd,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env={**os.environ, **(env or {})},
+        )
         t0 = time.time()
         while True:
             if self.proc.poll() is not None:
@@ -101,7 +125,9 @@ class Server:
     def attention_impls(self) -> dict[str, str]:
         """What the `ernie55` backend logged it runs each layer kind on ({'hca': 'triton', ...})."""
         text = self.log_path.read_text(errors="replace")
-        return {m[1]: m[2] for m in re.finditer(r"ernie55 attention backend: (\w+) layers run on (\w+)", text)}
+        return {
+            m[1]: m[2] for m in re.finditer(r"ernie55 attention backend: (\w+) layers run on (\w+)", text)
+        }
 
     def layer_impl(self) -> str | None:
         """The model's logged SGLANG_ERNIE55_LAYER_IMPL (per-layer compute outside attention), None if absent."""
@@ -126,20 +152,32 @@ class Server:
         self._log.close()
 
     def complete(self, prompt: list[int], max_tokens: int) -> dict:
-        body = dict(model=self.model, prompt=prompt, max_tokens=max_tokens, temperature=0, logprobs=1,
-                    return_token_ids=True, ignore_eos=True)  # fmt: skip
+        body = dict(
+            model=self.model,
+            prompt=prompt,
+            max_tokens=max_tokens,
+            temperature=0,
+            logprobs=1,
+            return_token_ids=True,
+            ignore_eos=True,
+        )
         r = requests.post(self.url + "/v1/completions", json=body, timeout=600)
         if r.status_code != 200:
             raise RuntimeError(f"/v1/completions {r.status_code}: {r.text[:500]}\n{self.tail()}")
         ch = r.json()["choices"][0]
         return {"tokens": ch["token_ids"], "logprobs": ch["logprobs"]["token_logprobs"]}
 
-    def generate_and_abort(self, prompt: list[int], max_tokens: int, rid: str, abort_when, timeout: float = 300):
+    def generate_and_abort(
+        self, prompt: list[int], max_tokens: int, rid: str, abort_when, timeout: float = 300
+    ):
         """A native /generate request (greedy), aborted through /abort_request as soon as `abort_when(log
         text)` holds (polled); returns its JSON answer (finish_reason `abort` when the abort landed
         mid-generation)."""
-        body = dict(input_ids=prompt, rid=rid, sampling_params=dict(max_new_tokens=max_tokens, temperature=0,
-                                                                    ignore_eos=True))  # fmt: skip
+        body = dict(
+            input_ids=prompt,
+            rid=rid,
+            sampling_params=dict(max_new_tokens=max_tokens, temperature=0, ignore_eos=True),
+        )
         with ThreadPoolExecutor(1) as ex:
             fut = ex.submit(requests.post, self.url + "/generate", json=body, timeout=600)
             t0 = time.time()
@@ -170,11 +208,13 @@ class Score:
     mismatches: list = field(default_factory=list)
 
     def summary(self) -> str:
-        return (f"prompts {self.n_prompts}, positions {self.positions}: top-1 {self.top1}/{self.positions} "
-                f"({self.top1 / max(self.positions, 1):.4f}), first token {self.first_token}/{self.n_prompts}, "
-                f"near-top-1 {self.near_top1}/{self.positions}, worst top-1 gap {self.worst_gap:.4f}, "
-                f"logprob |err| max {self.max_lp_err:.4f} "
-                f"mean {self.mean_lp_err:.4f}")  # fmt: skip
+        return (
+            f"prompts {self.n_prompts}, positions {self.positions}: top-1 {self.top1}/{self.positions} "
+            f"({self.top1 / max(self.positions, 1):.4f}), first token {self.first_token}/{self.n_prompts}, "
+            f"near-top-1 {self.near_top1}/{self.positions}, worst top-1 gap {self.worst_gap:.4f}, "
+            f"logprob |err| max {self.max_lp_err:.4f} "
+            f"mean {self.mean_lp_err:.4f}"
+        )
 
 
 @torch.no_grad()
@@ -201,8 +241,15 @@ def score(ref, prompts, outs, device, eps: float = 0.05) -> Score:
         errs.append(err)
         if not bool(agree.all()):
             i = int((~agree).nonzero()[0])
-            s.mismatches.append({"prompt_len": len(p), "pos": i, "server": toks[i], "ref": int(ref_top[i]),
-                                 "gap": float(lp[i].max() - chosen[i])})  # fmt: skip
+            s.mismatches.append(
+                {
+                    "prompt_len": len(p),
+                    "pos": i,
+                    "server": toks[i],
+                    "ref": int(ref_top[i]),
+                    "gap": float(lp[i].max() - chosen[i]),
+                }
+            )
     e = torch.cat(errs)
     s.max_lp_err, s.mean_lp_err = float(e.max()), float(e.mean())
     return s
@@ -242,8 +289,8 @@ def kv_codec(kv_dtype: str, cfg):
     pool's byte layout, `reference.kernels_ref`): {"hca": [n, head_dim], "mla": ([n, r], [n, dr]),
     "idx": [n, index_head_dim]} -> fp32. bf16 KV rounds every value to bf16; fp8_e4m3 KV goes through the
     fp8 layouts (HCA: SGLang's V4 layout, MLA: FlashMLA's V3.2, indexer: IDX_FP8) with their scales."""
-    from sglang_ernie55.kernels.layout import hca_geometry, idx_geometry, mla_geometry
     from sglang_ernie55.kernels import torch_twin as kref
+    from sglang_ernie55.kernels.layout import hca_geometry, idx_geometry, mla_geometry
 
     def through(geom, x):
         n = x.shape[0]
@@ -258,7 +305,9 @@ def kv_codec(kv_dtype: str, cfg):
     g_idx = idx_geometry(kv_dtype, c.index_head_dim, 256)
 
     def mla(latent, k_pe):
-        y = through(g_mla, torch.cat([latent.reshape(-1, latent.shape[-1]), k_pe.reshape(-1, k_pe.shape[-1])], -1))
+        y = through(
+            g_mla, torch.cat([latent.reshape(-1, latent.shape[-1]), k_pe.reshape(-1, k_pe.shape[-1])], -1)
+        )
         return y[:, : latent.shape[-1]].view(latent.shape), y[:, latent.shape[-1] :].view(k_pe.shape)
 
     return {
@@ -414,7 +463,9 @@ def fp8_noise_floor(ref, cfg, prompts, outs, device, act_dtype: torch.dtype = to
         with kv_rounded_reference("fp8_e4m3", cfg, queries=True), fp8_activation_reference(ref, cfg):
             for p, o in zip(prompts, outs):
                 toks = o["tokens"]
-                lg = ref.forward(torch.tensor(p + toks, device=device)).logits[len(p) - 1 : len(p) - 1 + len(toks)]
+                lg = ref.forward(torch.tensor(p + toks, device=device)).logits[
+                    len(p) - 1 : len(p) - 1 + len(toks)
+                ]
                 out.append(torch.log_softmax(lg.float(), -1))
         return out
 
@@ -427,7 +478,10 @@ def fp8_noise_floor(ref, cfg, prompts, outs, device, act_dtype: torch.dtype = to
         fp8_act_quant = exact
     agree = torch.cat([(a.argmax(-1) == b.argmax(-1)) for a, b in zip(base, pert)]).float()
     first = sum(int(a[0].argmax() == b[0].argmax()) for a, b in zip(base, pert)) / len(base)
-    lp = torch.cat([(a - b).gather(1, torch.tensor(o["tokens"], device=device)[:, None])[:, 0].abs()
-                    for a, b, o in zip(base, pert, outs)])  # fmt: skip
+    lp = torch.cat(
+        [
+            (a - b).gather(1, torch.tensor(o["tokens"], device=device)[:, None])[:, 0].abs()
+            for a, b, o in zip(base, pert, outs)
+        ]
+    )
     return {"top1": float(agree.mean()), "first_token": first, "mean_lp": float(lp.mean())}
-

@@ -31,10 +31,26 @@ from tests.serving import server_harness as sh
 pytestmark = [pytest.mark.gpu]
 
 NEW_TOKENS = 32
-COMMON = ("--enable-deterministic-inference", "--context-length", "4096", "--max-running-requests", "16",
-          "--chunked-prefill-size", "512", "--max-total-tokens", "131072", "--kv-cache-dtype", "bfloat16",
-          "--disable-prefill-cuda-graph", "--cuda-graph-max-bs-decode", "16", "--decode-log-interval", "1",
-          "--mem-fraction-static", sh.mem_fraction("0.4"))  # fmt: skip
+COMMON = (
+    "--enable-deterministic-inference",
+    "--context-length",
+    "4096",
+    "--max-running-requests",
+    "16",
+    "--chunked-prefill-size",
+    "512",
+    "--max-total-tokens",
+    "131072",
+    "--kv-cache-dtype",
+    "bfloat16",
+    "--disable-prefill-cuda-graph",
+    "--cuda-graph-max-bs-decode",
+    "16",
+    "--decode-log-interval",
+    "1",
+    "--mem-fraction-static",
+    sh.mem_fraction("0.4"),
+)
 # --decode-log-interval 1: every decode batch logs "cuda graph: True/False" (the default, every 40 batches,
 # printed no line in a short run on the H200, 2026-12-03)
 SERVER_TIMEOUT_S = 300
@@ -84,18 +100,30 @@ def _compare(name: str, base: list[dict], got: list[dict], prompts) -> dict:
             diffs.append({"prompt_len": len(p), "first_diff": i})
         else:
             lp_max = max([lp_max] + [abs(x - y) for x, y in zip(a["logprobs"], b["logprobs"])])
-    rep = {"run": name, "identical": len(prompts) - len(diffs), "of": len(prompts), "diffs": diffs,
-           "logprob_max_abs_diff_on_identical": lp_max}  # fmt: skip
+    rep = {
+        "run": name,
+        "identical": len(prompts) - len(diffs),
+        "of": len(prompts),
+        "diffs": diffs,
+        "logprob_max_abs_diff_on_identical": lp_max,
+    }
     sh.write_report(f"deterministic_{name}", rep)
-    print(f"\n[deterministic {name}] identical {rep['identical']}/{rep['of']}, logprob max |diff| {lp_max:.3g}, "
-          f"diffs {diffs[:4]}")  # fmt: skip
+    print(
+        f"\n[deterministic {name}] identical {rep['identical']}/{rep['of']}, logprob max |diff| {lp_max:.3g}, "
+        f"diffs {diffs[:4]}"
+    )
     return rep
 
 
 def _base(ckpt, prompts) -> dict:
     if "eager" not in _runs:
-        _runs["eager"] = _serve("det-eager", ckpt, prompts, "--disable-cuda-graph",
-                                rounds=(("concurrent", 16), ("prefix_hit", 16), ("one_by_one", 1)))  # fmt: skip
+        _runs["eager"] = _serve(
+            "det-eager",
+            ckpt,
+            prompts,
+            "--disable-cuda-graph",
+            rounds=(("concurrent", 16), ("prefix_hit", 16), ("one_by_one", 1)),
+        )
     return _runs["eager"]
 
 
@@ -133,8 +161,19 @@ def test_deterministic_echo_identical(ckpt, prompts, steps):
     """ECHO on: the target verifies S+1 rows per request instead of decoding one, the accepted tokens must be
     exactly the no-ECHO server's (greedy speculative decoding is lossless; here also bit for bit)."""
     base = _base(ckpt, prompts)["rounds"]["concurrent"]
-    run = _serve(f"det-echo-s{steps}", ckpt, prompts, "--speculative-algorithm", "EAGLE", "--speculative-num-steps",
-                 str(steps), "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", str(steps + 1))  # fmt: skip
+    run = _serve(
+        f"det-echo-s{steps}",
+        ckpt,
+        prompts,
+        "--speculative-algorithm",
+        "EAGLE",
+        "--speculative-num-steps",
+        str(steps),
+        "--speculative-eagle-topk",
+        "1",
+        "--speculative-num-draft-tokens",
+        str(steps + 1),
+    )
     got = run["rounds"]["concurrent"]
     rep = _compare(f"echo_s{steps}", base, got, prompts)
     verify = sum(o["meta"].get("spec_verify_ct", 0) for o in got)

@@ -34,8 +34,11 @@ def test_fp8_served_linears_match_the_sglang_model(cfg, ref):
     from sglang_ernie55.checkpoint.spec import FP8_QUANTIZATION_CONFIG
 
     m = th.build_model(cfg, Fp8Config.from_config(dict(FP8_QUANTIZATION_CONFIG)))
-    served = {n for n, mod in m.named_modules() if isinstance(mod, LinearBase)
-              and "Fp8" in type(getattr(mod, "quant_method", None)).__name__}  # fmt: skip
+    served = {
+        n
+        for n, mod in m.named_modules()
+        if isinstance(mod, LinearBase) and "Fp8" in type(getattr(mod, "quant_method", None)).__name__
+    }
     ours = set(sh.fp8_served_linears(ref, cfg))
     assert served, "the FP8 model serves no Linear in FP8 (policy or SGLang changed)"
     assert ours == served, f"only oracle: {sorted(ours - served)}; only SGLang: {sorted(served - ours)}"
@@ -62,7 +65,9 @@ def test_fp8_act_quant_is_sglang_group_quant_formula():
     codes = yg / (amax.clamp_min(1e-10) * (1.0 / 448.0))  # back to e4m3 codes, up to fp32 rounding
     top = codes.abs().amax(-1, keepdim=True)[amax > 1e-10]  # below the floor the codes stay small
     torch.testing.assert_close(top, torch.full_like(top, 448.0), rtol=1e-6, atol=0)
-    torch.testing.assert_close(codes, codes.to(torch.float8_e4m3fn).float(), rtol=1e-6, atol=1e-30)  # on the grid
+    torch.testing.assert_close(
+        codes, codes.to(torch.float8_e4m3fn).float(), rtol=1e-6, atol=1e-30
+    )  # on the grid
     big = codes.abs() >= 2**-6  # normal e4m3 codes
     assert ((yg - g).abs() <= 2**-4 * g.abs() + 1e-30)[big].all()
     assert torch.equal(y[3], torch.zeros(384))
@@ -78,7 +83,10 @@ def test_kv_codec_equals_the_serving_pool(cfg, kv):
     g = torch.Generator().manual_seed(1)
     loc = torch.randperm(1024, generator=g)[:50] + 256
     hca = torch.randn(50, cfg.head_dim, generator=g) * 3
-    lat, pe = torch.randn(50, cfg.kv_lora_rank, generator=g), torch.randn(50, cfg.qk_rope_head_dim, generator=g)
+    lat, pe = (
+        torch.randn(50, cfg.kv_lora_rank, generator=g),
+        torch.randn(50, cfg.qk_rope_head_dim, generator=g),
+    )
     ik = torch.randn(50, cfg.index_head_dim, generator=g)
     pool.win[0].write(loc, hca)
     pool.latent[1].write(loc, torch.cat([lat, pe], -1))

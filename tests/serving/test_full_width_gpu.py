@@ -30,8 +30,15 @@ DECODE_TOKENS = 128
 
 def _stream(server: sh.Server, prompt: list[int], max_tokens: int) -> dict:
     """One streaming completion: time to first token, end time, tokens received."""
-    body = dict(model=server.model, prompt=prompt, max_tokens=max_tokens, temperature=0, ignore_eos=True,
-                stream=True, return_token_ids=True)  # fmt: skip
+    body = dict(
+        model=server.model,
+        prompt=prompt,
+        max_tokens=max_tokens,
+        temperature=0,
+        ignore_eos=True,
+        stream=True,
+        return_token_ids=True,
+    )
     t0 = time.perf_counter()
     first, n = None, 0
     with requests.post(server.url + "/v1/completions", json=body, stream=True, timeout=1800) as r:
@@ -62,11 +69,26 @@ def test_full_width_fp8_baseline(tmp_path):
     path = make_checkpoint(tmp_path / "fw4", preset="full-width", layers=4, dtype="fp8", device="cuda")
     torch.cuda.empty_cache()
     make_s = time.time() - t0
-    server = sh.Server(path, "--kv-cache-dtype", "fp8_e4m3", "--context-length", str(CTX),
-                       "--max-running-requests", "64", "--cuda-graph-max-bs-decode", "64",
-                       "--chunked-prefill-size", "8192", "--mem-fraction-static", sh.mem_fraction("0.85"),
-                       "--disable-prefill-cuda-graph", "--sampling-backend", "pytorch",
-                       log_name="full-width-fp8", timeout=1200)  # fmt: skip
+    server = sh.Server(
+        path,
+        "--kv-cache-dtype",
+        "fp8_e4m3",
+        "--context-length",
+        str(CTX),
+        "--max-running-requests",
+        "64",
+        "--cuda-graph-max-bs-decode",
+        "64",
+        "--chunked-prefill-size",
+        "8192",
+        "--mem-fraction-static",
+        sh.mem_fraction("0.85"),
+        "--disable-prefill-cuda-graph",
+        "--sampling-backend",
+        "pytorch",
+        log_name="full-width-fp8",
+        timeout=1200,
+    )
     try:
         g = torch.Generator().manual_seed(0)
         vocab = 103424
@@ -76,8 +98,10 @@ def test_full_width_fp8_baseline(tmp_path):
             ids[0] = 1
             return ids
 
-        sh.write_report("full_width_fp8_progress", {"make_checkpoint_s": round(make_s, 1),
-                                                    "server_startup_s": round(server.startup_s, 1)})  # fmt: skip
+        sh.write_report(
+            "full_width_fp8_progress",
+            {"make_checkpoint_s": round(make_s, 1), "server_startup_s": round(server.startup_s, 1)},
+        )
         _stream(server, prompt(64), 8)  # warm-up (Triton autotune / JIT)
         b1 = _stream(server, prompt(128), DECODE_TOKENS)
         sh.write_report("full_width_fp8_progress", {"bs1": b1})  # a run cut short still reports
@@ -86,7 +110,9 @@ def test_full_width_fp8_baseline(tmp_path):
         with ThreadPoolExecutor(64) as ex:
             b64 = list(ex.map(lambda p: _stream(server, p, DECODE_TOKENS), prompts))
         b64_wall = time.perf_counter() - t
-        sh.write_report("full_width_fp8_progress", {"bs64_wall_s": b64_wall, "bs64_tokens": sum(r["tokens"] for r in b64)})
+        sh.write_report(
+            "full_width_fp8_progress", {"bs64_wall_s": b64_wall, "bs64_tokens": sum(r["tokens"] for r in b64)}
+        )
         long = _stream(server, prompt(32768), 1)
     finally:
         server.stop()

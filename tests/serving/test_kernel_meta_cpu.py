@@ -41,8 +41,11 @@ def _backend(
     cfg = cfg or tiny_config()
     pool = (pool_cls or Ernie55TokenToKVPool)(pages * PAGE, PAGE, kv, cfg, num_req_slots=slots, device="cpu")
     r2t = torch.zeros(slots, max_ctx, dtype=torch.int32)
-    runner = SimpleNamespace(token_to_kv_pool=pool, model_config=SimpleNamespace(hf_config=cfg),
-                             req_to_token_pool=SimpleNamespace(req_to_token=r2t))  # fmt: skip
+    runner = SimpleNamespace(
+        token_to_kv_pool=pool,
+        model_config=SimpleNamespace(hf_config=cfg),
+        req_to_token_pool=SimpleNamespace(req_to_token=r2t),
+    )
     return Ernie55AttnBackend(runner, impl=impl, deterministic=deterministic), r2t
 
 
@@ -82,8 +85,11 @@ def test_auto_on_cpu_is_the_twin(caplog):
 @pytest.mark.parametrize("impl", ["triton", "flashmla"])
 def test_forced_kernels_without_a_gpu_fail_clearly(impl, monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    with pytest.raises(ValueError, match=f"SGLANG_ERNIE55_ATTN_IMPL={impl}: cannot serve the hca layers: "
-                                         r".*no CUDA device.*Legal values: auto, torch, triton, flashmla"):  # fmt: skip
+    with pytest.raises(
+        ValueError,
+        match=f"SGLANG_ERNIE55_ATTN_IMPL={impl}: cannot serve the hca layers: "
+        r".*no CUDA device.*Legal values: auto, torch, triton, flashmla",
+    ):
         _backend(impl=impl)
 
 
@@ -145,8 +151,11 @@ def test_deterministic_inference_selects_fixed_splits(monkeypatch, caplog):
         be, _ = _backend(impl="auto", deterministic=True)  # CPU pool: the twin, said out loud
     assert {c.impl for c in be.choice.values()} == {"torch"}
     assert any("may still depend on the batch" in r.getMessage() for r in caplog.records)
-    with pytest.raises(ValueError, match="SGLANG_ERNIE55_ATTN_IMPL=flashmla: --enable-deterministic-inference "
-                                         "needs batch-invariant attention and FlashMLA's tile scheduler"):  # fmt: skip
+    with pytest.raises(
+        ValueError,
+        match="SGLANG_ERNIE55_ATTN_IMPL=flashmla: --enable-deterministic-inference "
+        "needs batch-invariant attention and FlashMLA's tile scheduler",
+    ):
         _backend(impl="flashmla", kv=torch.float8_e4m3fn, deterministic=True)
     with pytest.raises(ValueError, match="cannot serve the hca layers: the pool holds dense fp32 rows"):
         _backend(kv=torch.float32, impl="triton", deterministic=True)
@@ -192,8 +201,13 @@ def _extend_fb(r2t, reqs, prefix, ext):
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
     loc = torch.cat([r2t[r, p : p + e].long() for r, p, e in zip(reqs, prefix, ext)])
-    return SimpleNamespace(forward_mode=ForwardMode.EXTEND, out_cache_loc=loc, req_pool_indices=torch.tensor(reqs),
-                           extend_prefix_lens_cpu=prefix, extend_seq_lens_cpu=ext)  # fmt: skip
+    return SimpleNamespace(
+        forward_mode=ForwardMode.EXTEND,
+        out_cache_loc=loc,
+        req_pool_indices=torch.tensor(reqs),
+        extend_prefix_lens_cpu=prefix,
+        extend_seq_lens_cpu=ext,
+    )
 
 
 def _job_set(jobs):
@@ -260,9 +274,12 @@ def test_decode_graph_rows_padded_rows_write_nothing():
 
     be, r2t = _backend()
     _fill_pages(r2t, [300, 128, 500])
-    fb = SimpleNamespace(forward_mode=ForwardMode.DECODE, req_pool_indices=torch.tensor([1, 2, 0]),
-                         seq_lens=torch.tensor([128, 384, 128]),
-                         out_cache_loc=torch.stack([r2t[1, 127], r2t[2, 383], torch.tensor(0)]).long())  # fmt: skip
+    fb = SimpleNamespace(
+        forward_mode=ForwardMode.DECODE,
+        req_pool_indices=torch.tensor([1, 2, 0]),
+        seq_lens=torch.tensor([128, 384, 128]),
+        out_cache_loc=torch.stack([r2t[1, 127], r2t[2, 383], torch.tensor(0)]).long(),
+    )
     m = _kernel_path(be, r2t).fixed_meta(fb.req_pool_indices, fb.seq_lens, fb.out_cache_loc, 1, be.max_ctx)
     assert m.st_req.tolist() == [1, 2, -1]
     assert _job_set(m.jobs) == [

@@ -23,7 +23,9 @@ def _run(*args: str) -> dict:
     # the check opens its own world-1 group: not on the port this test process may already hold
     for k in ("SGLANG_ERNIE55_ATTN_IMPL", "MASTER_PORT", "MASTER_ADDR", "RANK", "WORLD_SIZE", "LOCAL_RANK"):
         env.pop(k, None)
-    r = subprocess.run([sys.executable, *CHECK, *args], env=env, capture_output=True, text=True, timeout=1200, cwd=ROOT)
+    r = subprocess.run(
+        [sys.executable, *CHECK, *args], env=env, capture_output=True, text=True, timeout=1200, cwd=ROOT
+    )
     assert r.returncode == 0, r.stderr[-4000:]
     return json.loads(r.stdout.strip().splitlines()[-1])
 
@@ -35,8 +37,15 @@ def test_kernel_path_equals_twin_in_the_backend(kv):
     into a slot with stale state, batched decode completing a block, a graph-width decode with a padded row:
     outputs to fp32 rounding (1e-5 of their scale), stored rows and open-block state byte for byte."""
     rep = _run("backend", kv, "cpu", "tiny", "triton")
-    assert set(rep["steps"]) == {"mixed_extend", "short_prefill", "prefix_hit", "decode0", "decode1", "decode2",
-                                 "graph_decode_padded"}  # fmt: skip
+    assert set(rep["steps"]) == {
+        "mixed_extend",
+        "short_prefill",
+        "prefix_hit",
+        "decode0",
+        "decode1",
+        "decode2",
+        "graph_decode_padded",
+    }
     print(json.dumps(rep))
 
 
@@ -49,7 +58,15 @@ def test_kernel_path_verify_equals_twin(kv):
     assert set(rep["steps"]) == {"verify_cross_block", "verify_after_reject", "verify_graph_padded"}
 
 
-BACKEND_STEPS = {"mixed_extend", "short_prefill", "prefix_hit", "decode0", "decode1", "decode2", "graph_decode_padded"}
+BACKEND_STEPS = {
+    "mixed_extend",
+    "short_prefill",
+    "prefix_hit",
+    "decode0",
+    "decode1",
+    "decode2",
+    "graph_decode_padded",
+}
 # geometry-matrix rows (tests/serving/geometries.py) and KV dtypes: window 64 / ratio 32, head 96 / rope 32,
 # MLA latent 96 + rope 32, indexer 48, v_head 48, MLA-DSA first (bf16: the fp8 layout cannot tile latent 96);
 # window 32 < ratio 128, head 96 / rope 32 (nope 64: fp8 fits too), HCA layers only

@@ -149,8 +149,17 @@ def test_geometry_diag_runs_on_cpu():
     env = dict(os.environ)
     for k in (VAR, "TRITON_INTERPRET", "MASTER_PORT", "MASTER_ADDR", "RANK", "WORLD_SIZE", "LOCAL_RANK"):
         env.pop(k, None)
-    cmd = [sys.executable, "-m", "tests.serving.geometry_diag", "--device", "cpu", "--geometries", "user",
-           "--lengths", "150,300"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "tests.serving.geometry_diag",
+        "--device",
+        "cpu",
+        "--geometries",
+        "user",
+        "--lengths",
+        "150,300",
+    ]
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1200, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-4000:]
     line = next(x for x in r.stdout.splitlines() if x.startswith("GEOMETRY_DIAG_JSON "))

@@ -117,12 +117,17 @@ def test_fp8_checkpoint_loads_strictly(cfg, tmp_path):
     assert torch.equal(p[f"{kept}.weight"].view(torch.uint8), raw[f"{kept}.weight"].view(torch.uint8))
     assert torch.equal(p[f"{kept}.weight_scale_inv"], raw[f"{kept}.weight_scale_inv"])
     _, deq = load_checkpoint(tmp_path, dtype=torch.float32)
-    for name in ("model.layers.2.self_attn.wq_b.weight", "model.layers.1.self_attn.kv_b_proj.weight",
-                 "model.layers.3.self_attn.wo_a.weight"):  # fmt: skip
+    for name in (
+        "model.layers.2.self_attn.wq_b.weight",
+        "model.layers.1.self_attn.kv_b_proj.weight",
+        "model.layers.3.self_attn.wo_a.weight",
+    ):
         assert p[name].dtype == torch.bfloat16
         torch.testing.assert_close(p[name].float(), deq[name].bfloat16().float())
-    torch.testing.assert_close(p["model.layers.1.mlp.experts.w2_weight"][5].float(),
-                               deq["model.layers.1.mlp.experts.5.down_proj.weight"].bfloat16().float())  # fmt: skip
+    torch.testing.assert_close(
+        p["model.layers.1.mlp.experts.w2_weight"][5].float(),
+        deq["model.layers.1.mlp.experts.5.down_proj.weight"].bfloat16().float(),
+    )
 
 
 def _prompt(cfg, n, seed, ref=None):
@@ -209,9 +214,14 @@ def test_padded_graph_rows_do_not_touch_live_state(cfg, model_fp32, swa_pages):
     snapshot = {lid: st.clone() for lid, st in s.pool.state.items()}
     cmp_before = {lid: c.data.clone() for lid, c in s.pool.cmp.items()}
     win_before = {lid: w.data.clone() for lid, w in s.pool.win.items()}
-    fb = SimpleNamespace(forward_mode=ForwardMode.DECODE, out_cache_loc=torch.tensor([0]),
-                         req_pool_indices=torch.tensor([0]), seq_lens=torch.tensor([128]),
-                         seq_lens_cpu=torch.tensor([128]), global_num_token_non_padded_cpu=None)  # fmt: skip
+    fb = SimpleNamespace(
+        forward_mode=ForwardMode.DECODE,
+        out_cache_loc=torch.tensor([0]),
+        req_pool_indices=torch.tensor([0]),
+        seq_lens=torch.tensor([128]),
+        seq_lens_cpu=torch.tensor([128]),
+        global_num_token_non_padded_cpu=None,
+    )
     s.backend.init_forward_metadata(fb)
     prev = set_forward_context(ForwardContext(attn_backend=s.backend))
     try:
@@ -233,8 +243,15 @@ def test_twin_full_width_attention_geometry():
     from sglang_ernie55.configuration import Ernie55Config
     from sglang_ernie55.reference.model import build_reference
 
-    cfg = Ernie55Config(vocab_size=512, num_hidden_layers=2, layer_types=["hca", "mla_dsa"], first_k_dense_replace=2,
-                        intermediate_size=256, bos_token_id=1, eos_token_id=2)  # fmt: skip
+    cfg = Ernie55Config(
+        vocab_size=512,
+        num_hidden_layers=2,
+        layer_types=["hca", "mla_dsa"],
+        first_k_dense_replace=2,
+        intermediate_size=256,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
     ref = build_reference(cfg, seed=0).float()
     model = th.build_model(cfg, dtype=torch.float32)
     model.load_weights(ref.state_dict().items())

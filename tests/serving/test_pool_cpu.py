@@ -49,16 +49,23 @@ def test_pool_allocation_matches_sizing(kv, swa_pages, blocks):
     dtype = torch.float8_e4m3fn if kv == "fp8_e4m3" else torch.bfloat16
     size, slots = 4 * PAGE, 5
     swa = None if swa_pages is None else swa_pages * PAGE
-    pool = Ernie55TokenToKVPool(size, PAGE, dtype, cfg, num_req_slots=slots, device="cpu", swa_size=swa,
-                                state_blocks=blocks)  # fmt: skip
+    pool = Ernie55TokenToKVPool(
+        size, PAGE, dtype, cfg, num_req_slots=slots, device="cpu", swa_size=swa, state_blocks=blocks
+    )
     assert pool.state_ring == blocks * cfg.compress_ratio
-    assert all(st.shape == (slots + 1, blocks * cfg.compress_ratio, 2 * cfg.head_dim) for st in pool.state.values())
+    assert all(
+        st.shape == (slots + 1, blocks * cfg.compress_ratio, 2 * cfg.head_dim) for st in pool.state.values()
+    )
     b = kv_bytes(cfg, kv, state_blocks=blocks)
     rows = size + PAGE
     cmp_pages = -(-(rows // 128 + 1) // 2)
     win_rows = (swa or size) + PAGE
-    want = (win_rows * b.n_hca * b.window_row + rows * b.n_mla * (b.latent_row + b.index_row)
-            + cmp_pages * 2 * b.n_hca * b.cmp_row + (slots + 1) * b.state_per_slot)  # fmt: skip
+    want = (
+        win_rows * b.n_hca * b.window_row
+        + rows * b.n_mla * (b.latent_row + b.index_row)
+        + cmp_pages * 2 * b.n_hca * b.cmp_row
+        + (slots + 1) * b.state_per_slot
+    )
     assert pool.get_kv_size_bytes() == want == b.allocated(size, swa, slots)
     assert pool.window_rows == win_rows and pool.is_hybrid_swa == (swa is not None)
     assert all(w.rows == win_rows for w in pool.win.values())
@@ -76,7 +83,9 @@ def test_speculative_sizing_reserves_the_draft_and_the_second_state_block():
     assert spec.per_swa_token() == pytest.approx(plain.per_swa_token() + 149_760 / 256)
     assert spec.state_per_slot == 2 * plain.state_per_slot == 2 * 37 * 128 * 2 * 512 * 4
     with pytest.raises(ValueError, match="1 or 2"):
-        Ernie55TokenToKVPool(256, 256, torch.bfloat16, tiny_config(), num_req_slots=1, device="cpu", state_blocks=3)
+        Ernie55TokenToKVPool(
+            256, 256, torch.bfloat16, tiny_config(), num_req_slots=1, device="cpu", state_blocks=3
+        )
 
 
 def test_fit_full_tokens_is_the_largest_page_count_within_budget():
@@ -136,9 +145,18 @@ def test_packed_rows_roundtrip(geom, width, tile):
 def _swa_pool(full_pages=8, swa_pages=4, dtype=torch.bfloat16):
     from sglang.srt.mem_cache.allocator.swa import SWATokenToKVPoolAllocator
 
-    pool = Ernie55TokenToKVPool(full_pages * PAGE, PAGE, dtype, tiny_config(), num_req_slots=4, device="cpu",
-                                swa_size=swa_pages * PAGE)  # fmt: skip
-    alloc = SWATokenToKVPoolAllocator(full_pages * PAGE, swa_pages * PAGE, PAGE, dtype, "cpu", pool, need_sort=False)
+    pool = Ernie55TokenToKVPool(
+        full_pages * PAGE,
+        PAGE,
+        dtype,
+        tiny_config(),
+        num_req_slots=4,
+        device="cpu",
+        swa_size=swa_pages * PAGE,
+    )
+    alloc = SWATokenToKVPoolAllocator(
+        full_pages * PAGE, swa_pages * PAGE, PAGE, dtype, "cpu", pool, need_sort=False
+    )
     return pool, alloc
 
 
@@ -182,7 +200,11 @@ def test_window_loc_is_the_allocators_mapping_and_pages_keep_offsets():
         n = 1 if op < 7 else int(torch.randint(1, 200, (1,), generator=g))
         last = r2t[r, P - 1 : P] if P else torch.tensor([-1])
         pre, seq = torch.tensor([P]), torch.tensor([P + n])
-        loc = alloc.alloc_decode(seq, seq, last) if n == 1 and P else alloc.alloc_extend(pre, pre, seq, seq, last, n)
+        loc = (
+            alloc.alloc_decode(seq, seq, last)
+            if n == 1 and P
+            else alloc.alloc_extend(pre, pre, seq, seq, last, n)
+        )
         if loc is None:  # out of pages: the scheduler would evict windows, then retract the longest request
             for q in range(4):
                 evict(q)
@@ -232,7 +254,9 @@ def test_window_addressing_errors_and_identity():
     assert plain.window_loc(loc) is loc and plain.window_pages(loc) is loc
     with pytest.raises(ValueError, match="without an SWA pool"):
         plain.register_mapping(torch.zeros(2 * PAGE + PAGE + 1, dtype=torch.int64))
-    pool = Ernie55TokenToKVPool(2 * PAGE, PAGE, torch.bfloat16, cfg, num_req_slots=2, device="cpu", swa_size=PAGE)
+    pool = Ernie55TokenToKVPool(
+        2 * PAGE, PAGE, torch.bfloat16, cfg, num_req_slots=2, device="cpu", swa_size=PAGE
+    )
     with pytest.raises(RuntimeError, match="no full->SWA mapping yet"):
         pool.window_loc(loc)
     with pytest.raises(ValueError, match=r"int64 \[full size \+ page_size \+ 1\] = \[769\]"):
@@ -256,7 +280,9 @@ def ernie_ckpt(tmp_path_factory) -> str:
 def _sizes_through_sglang(ckpt: str, *flags: str, budget: int = 64 * 2**20):
     """`sglang serve` argument resolution -> SGLang's ModelConfig (its hybrid-SWA decision) -> SGLang's
     create_memory_pool_configurator (our hook) -> pool sizes for `budget` bytes -> what SGLang builds."""
-    b = sh.build_like_sglang(ckpt, "--max-running-requests", "16", "--context-length", "2048", *flags, budget=budget)
+    b = sh.build_like_sglang(
+        ckpt, "--max-running-requests", "16", "--context-length", "2048", *flags, budget=budget
+    )
     return b.model_config, b.conf, b.sizes, b.pool, b.server_args, b.planned
 
 
@@ -265,9 +291,14 @@ LONG = ("--context-length", "131072")
 
 @pytest.mark.parametrize(
     "flags",
-    [LONG, (*LONG, "--kv-cache-dtype", "bfloat16"), (*LONG, "--disable-hybrid-swa-memory"),
-     (*LONG, "--speculative-algorithm", "EAGLE"), ("--context-length", "4096")],
-)  # fmt: skip
+    [
+        LONG,
+        (*LONG, "--kv-cache-dtype", "bfloat16"),
+        (*LONG, "--disable-hybrid-swa-memory"),
+        (*LONG, "--speculative-algorithm", "EAGLE"),
+        ("--context-length", "4096"),
+    ],
+)
 def test_sglang_set_up_allocates_what_was_planned_within_budget(ernie_ckpt, flags):
     """No --max-running-requests (SGLang picks it from the pool size): the bytes SGLang's own set-up allocates
     for the sizes our configurator returned (request-to-token table, our pool, its allocator, the ECHO draft
@@ -280,7 +311,9 @@ def test_sglang_set_up_allocates_what_was_planned_within_budget(ernie_ckpt, flag
     assert b.sizes.max_total_num_tokens > 0
     rows, cols = b.req_to_token.req_to_token.shape
     if "EAGLE" in flags:
-        assert rows - 1 == b.server_args.resolved_dict()["max_running_requests"]  # SGLang's speculative default
+        assert (
+            rows - 1 == b.server_args.resolved_dict()["max_running_requests"]
+        )  # SGLang's speculative default
     else:
         assert rows > 2048  # SGLang's own request count for a pool of this size
     assert cols > int(flags[1])  # the context length + SGLang's headroom
@@ -303,13 +336,17 @@ def test_swa_ratio_sizes_the_pool_through_sglang(ernie_ckpt, caplog):
     budget = 64 * 2**20
     caplog.set_level(logging.INFO, logger="sglang_ernie55.mem_cache.sizing")
     got = {}
-    for name, flags in {"default": (), "1.0": ("--swa-full-tokens-ratio", "1.0"),
-                        "off": ("--disable-hybrid-swa-memory",)}.items():  # fmt: skip
+    for name, flags in {
+        "default": (),
+        "1.0": ("--swa-full-tokens-ratio", "1.0"),
+        "off": ("--disable-hybrid-swa-memory",),
+    }.items():
         mc, conf, sizes, pool, _, planned = _sizes_through_sglang(ernie_ckpt, *flags, budget=budget)
         got[name] = (sizes.max_total_num_tokens, sizes.swa_max_total_num_tokens, pool)
         assert type(conf).__name__ == "Ernie55PoolConfigurator"
-        assert pool.get_kv_size_bytes() == conf.layout.allocated(sizes.max_total_num_tokens,
-                                                                  sizes.swa_max_total_num_tokens, pool.num_req_slots)
+        assert pool.get_kv_size_bytes() == conf.layout.allocated(
+            sizes.max_total_num_tokens, sizes.swa_max_total_num_tokens, pool.num_req_slots
+        )
         assert sum(planned.values()) <= budget
         if name != "off":
             assert mc.is_hybrid_swa and mc.sliding_window_size == 128
@@ -322,7 +359,10 @@ def test_swa_ratio_sizes_the_pool_through_sglang(ernie_ckpt, caplog):
     assert f1 <= foff <= 1.02 * f1 and poff.window_rows == foff + PAGE
     assert p01.window_rows == s01 + PAGE < p1.window_rows
     logged = caplog.text
-    assert f"mode=hybrid-swa (memory budget) full_tokens={f01} swa_tokens={s01} swa_full_tokens_ratio=0.1" in logged
+    assert (
+        f"mode=hybrid-swa (memory budget) full_tokens={f01} swa_tokens={s01} swa_full_tokens_ratio=0.1"
+        in logged
+    )
     assert f"full_tokens={f1} swa_tokens={s1} swa_full_tokens_ratio=1.0" in logged
     assert f"mode=full-only (memory budget) full_tokens={foff} swa_tokens=None" in logged
 
@@ -350,34 +390,57 @@ def test_sglang_builds_swa_allocator_and_registers_the_mapping_with_both_pools(e
 
     mc, conf, sizes, _, sa, _ = _sizes_through_sglang(ernie_ckpt)
     full, swa = sizes.max_total_num_tokens, sizes.swa_max_total_num_tokens
-    psizes = SimpleNamespace(max_total_num_tokens=full, full_max_total_num_tokens=full,
-                             swa_max_total_num_tokens=swa)  # fmt: skip
+    psizes = SimpleNamespace(
+        max_total_num_tokens=full, full_max_total_num_tokens=full, swa_max_total_num_tokens=swa
+    )
     r2t = SimpleNamespace(req_to_token=torch.zeros(17, 2048, dtype=torch.int32))
 
     def kvc(cfg, draft):
-        return SimpleNamespace(is_draft_worker=draft, model_config=SimpleNamespace(hf_config=cfg),
-                               pool_page_size=PAGE, kv_cache_dtype=torch.float8_e4m3fn, device="cpu",
-                               is_hybrid_swa=True, hybrid_gdn_config=None, kv_shard_size=1,
-                               is_hybrid_swa_mtp_draft=False, draft_swa_full_capacity=False)  # fmt: skip
+        return SimpleNamespace(
+            is_draft_worker=draft,
+            model_config=SimpleNamespace(hf_config=cfg),
+            pool_page_size=PAGE,
+            kv_cache_dtype=torch.float8_e4m3fn,
+            device="cpu",
+            is_hybrid_swa=True,
+            hybrid_gdn_config=None,
+            kv_shard_size=1,
+            is_hybrid_swa_mtp_draft=False,
+            draft_swa_full_capacity=False,
+        )
 
     with use_context(create_context(sa, role="test")):
         t = kvc(mc.hf_config, False)
-        pool = KVCacheConfigurator._build_token_to_kv_pool(t, sizes=psizes, is_dsa_model=False, is_dsv4_model=False,
-                                                           req_to_token_pool=r2t)  # fmt: skip
+        pool = KVCacheConfigurator._build_token_to_kv_pool(
+            t, sizes=psizes, is_dsa_model=False, is_dsv4_model=False, req_to_token_pool=r2t
+        )
         alloc = KVCacheConfigurator._build_token_to_kv_pool_allocator(
-            t, sizes=psizes, token_to_kv_pool=pool, is_dsv4_model=False, req_to_token_pool=r2t,
-            token_to_kv_pool_allocator=None)  # fmt: skip
+            t,
+            sizes=psizes,
+            token_to_kv_pool=pool,
+            is_dsv4_model=False,
+            req_to_token_pool=r2t,
+            token_to_kv_pool_allocator=None,
+        )
         d = kvc(tiny_config(architectures=[ARCH_ECHO]), True)
-        dpool = KVCacheConfigurator._build_token_to_kv_pool(d, sizes=psizes, is_dsa_model=False, is_dsv4_model=False,
-                                                            req_to_token_pool=r2t)  # fmt: skip
+        dpool = KVCacheConfigurator._build_token_to_kv_pool(
+            d, sizes=psizes, is_dsa_model=False, is_dsv4_model=False, req_to_token_pool=r2t
+        )
         again = KVCacheConfigurator._build_token_to_kv_pool_allocator(
-            d, sizes=psizes, token_to_kv_pool=dpool, is_dsv4_model=False, req_to_token_pool=r2t,
-            token_to_kv_pool_allocator=alloc)  # fmt: skip
+            d,
+            sizes=psizes,
+            token_to_kv_pool=dpool,
+            is_dsv4_model=False,
+            req_to_token_pool=r2t,
+            token_to_kv_pool_allocator=alloc,
+        )
     assert isinstance(pool, Ernie55TokenToKVPool) and isinstance(alloc, SWATokenToKVPoolAllocator)
     assert (alloc.size_full, alloc.size_swa) == (full, swa) and pool.window_rows == swa + PAGE
     assert pool.full_to_swa_index_mapping is alloc.full_to_swa_index_mapping
     assert isinstance(dpool, EchoDraftKVPool) and again is alloc
-    assert dpool.token_rows == swa + PAGE and dpool.full_to_swa_index_mapping is alloc.full_to_swa_index_mapping
+    assert (
+        dpool.token_rows == swa + PAGE and dpool.full_to_swa_index_mapping is alloc.full_to_swa_index_mapping
+    )
     pre, seq = torch.tensor([0]), torch.tensor([300])
     loc = alloc.alloc_extend(pre, pre, seq, seq, torch.tensor([-1]), 300)
     assert torch.equal(dpool.window_loc(loc), pool.window_loc(loc)) and (pool.window_loc(loc) >= PAGE).all()

@@ -27,11 +27,30 @@ def test_cpu_server_matches_reference(tmp_path):
     long = base[3]
     g = torch.Generator().manual_seed(2)
     victim = [cfg.bos_token_id] + torch.randint(3, cfg.vocab_size, (599,), generator=g).tolist()
-    server = sh.Server(path, "--device", "cpu", "--dtype", "float32", "--kv-cache-dtype", "bfloat16",
-                       "--context-length", "2048", "--max-running-requests", "8",
-                       "--max-total-tokens", str(FULL_TOKENS), "--swa-full-tokens-ratio", str(SWA_RATIO),
-                       "--chunked-prefill-size", "256", "--disable-cuda-graph", "--disable-prefill-cuda-graph",
-                       "--sampling-backend", "pytorch", log_name="cpu-server")  # fmt: skip
+    server = sh.Server(
+        path,
+        "--device",
+        "cpu",
+        "--dtype",
+        "float32",
+        "--kv-cache-dtype",
+        "bfloat16",
+        "--context-length",
+        "2048",
+        "--max-running-requests",
+        "8",
+        "--max-total-tokens",
+        str(FULL_TOKENS),
+        "--swa-full-tokens-ratio",
+        str(SWA_RATIO),
+        "--chunked-prefill-size",
+        "256",
+        "--disable-cuda-graph",
+        "--disable-prefill-cuda-graph",
+        "--sampling-backend",
+        "pytorch",
+        log_name="cpu-server",
+    )
     try:
         first = server.complete_all(base, 8, workers=4)  # mixed batches, chunked prefill, SWA pressure
         # `long` alone, twice: the second request finds `long`'s pages (inserted by the first, with nothing in
@@ -43,8 +62,9 @@ def test_cpu_server_matches_reference(tmp_path):
         # an abort mid-decode, once the 600-token request has decoded 120 tokens (3 decode log lines):
         # its page 0 has left the window, so it holds fewer SWA rows than full slots
         n0 = server.log_path.read_text(errors="replace").count("Decode batch")
-        aborted = server.generate_and_abort(victim, 1400, rid="ernie55-swa-abort",
-                                            abort_when=lambda log: log.count("Decode batch") >= n0 + 3)
+        aborted = server.generate_and_abort(
+            victim, 1400, rid="ernie55-swa-abort", abort_when=lambda log: log.count("Decode batch") >= n0 + 3
+        )
         after = server.complete(base[2], 8)  # the server still serves exactly after the abort
     finally:
         server.stop()
@@ -74,5 +94,7 @@ def test_cpu_server_matches_reference(tmp_path):
     assert max(cached) > swa and max(cached) % 256 == 0, cached
     # while decoding, a running request pinned fewer SWA rows than full-pool slots (its out-of-window SWA
     # rows were freed by the scheduler or left to the tree as evictable)
-    decode = [(int(f), int(w)) for f, w in re.findall(r"Decode batch.*?#full token: (\d+).*?#swa token: (\d+)", log)]
+    decode = [
+        (int(f), int(w)) for f, w in re.findall(r"Decode batch.*?#full token: (\d+).*?#swa token: (\d+)", log)
+    ]
     assert any(w < f for f, w in decode), decode

@@ -60,11 +60,26 @@ NEW_TOKENS = 32
 # (hca_compress_block's position, hca_visible_mask's arange), so its forward fails on CUDA inputs.
 REF_DEVICE = "cpu"
 TIE_NATS = 0.01
-KERNEL = {"hca": "triton", "mla_dsa": "triton"}  # auto on CUDA at the tiny geometry (FlashMLA needs 512 / 576)
+KERNEL = {
+    "hca": "triton",
+    "mla_dsa": "triton",
+}  # auto on CUDA at the tiny geometry (FlashMLA needs 512 / 576)
 TWIN = {"hca": "torch", "mla_dsa": "torch"}
-COMMON = ("--context-length", "4096", "--max-running-requests", "32", "--chunked-prefill-size", "512",
-          "--max-total-tokens", "131072", "--sampling-backend", "pytorch", "--disable-prefill-cuda-graph",
-          "--mem-fraction-static", sh.mem_fraction("0.4"))  # fmt: skip
+COMMON = (
+    "--context-length",
+    "4096",
+    "--max-running-requests",
+    "32",
+    "--chunked-prefill-size",
+    "512",
+    "--max-total-tokens",
+    "131072",
+    "--sampling-backend",
+    "pytorch",
+    "--disable-prefill-cuda-graph",
+    "--mem-fraction-static",
+    sh.mem_fraction("0.4"),
+)
 _results: dict[str, list] = {}
 
 
@@ -108,9 +123,13 @@ def _swa_pool_facts(log: str) -> dict:
 
     m = re.search(r"ERNIE-5.5 KV pool: full_tokens=(\d+) swa_tokens=(\w+)", log)
     cached = [int(c) for c in re.findall(r"Prefill batch.*?#cached-token: (\d+)", log)]
-    return {"hybrid_swa": "hybrid_swa=True" in log, "full_tokens": int(m.group(1)) if m else None,
-            "swa_tokens": int(m.group(2)) if m and m.group(2).isdigit() else None,
-            "max_cached_tokens": max(cached, default=0), "prefills_with_hits": sum(c > 0 for c in cached)}  # fmt: skip
+    return {
+        "hybrid_swa": "hybrid_swa=True" in log,
+        "full_tokens": int(m.group(1)) if m else None,
+        "swa_tokens": int(m.group(2)) if m and m.group(2).isdigit() else None,
+        "max_cached_tokens": max(cached, default=0),
+        "prefills_with_hits": sum(c > 0 for c in cached),
+    }
 
 
 PROMPTS_HOLDER: dict = {}
@@ -140,8 +159,16 @@ def _track(name, s, s_again, first, again, t):
     same = _identical(first, again)
     print(f"\n[{name}, startup {t:.0f}s] {s.summary()}; mismatches {s.mismatches[:4]}")
     print(f"[{name}] prefix-hit round identical {same}/{len(first)}; vs oracle {s_again.summary()}")
-    sh.write_report(name, {"summary": s.summary(), "mismatches": s.mismatches, "prefix_hit_identical": same,
-                           "of": len(first), "again": s_again.summary()})  # fmt: skip
+    sh.write_report(
+        name,
+        {
+            "summary": s.summary(),
+            "mismatches": s.mismatches,
+            "prefix_hit_identical": same,
+            "of": len(first),
+            "again": s_again.summary(),
+        },
+    )
 
 
 # mean |logprob error| bound of the fp8-KV criteria: the kernel path's attention takes bf16 MMA operands (P, V)
@@ -157,8 +184,15 @@ def _assert_tracks(s, near: float = 0.05, top1: float = 0.95, mean_lp: float = 0
 # ---------------------------------------------------------------- group 1: bf16 KV, exact up to near-ties
 def test_bf16_kv_group_identical_to_reference(ckpts, prompts):
     PROMPTS_HOLDER["p"] = prompts
-    first, again, t = _serve(ckpts["bf16"], "--dtype", "float32", "--kv-cache-dtype", "bfloat16",
-                             "--disable-cuda-graph", name="bf16-f32-eager")  # fmt: skip
+    first, again, t = _serve(
+        ckpts["bf16"],
+        "--dtype",
+        "float32",
+        "--kv-cache-dtype",
+        "bfloat16",
+        "--disable-cuda-graph",
+        name="bf16-f32-eager",
+    )
     _results["eager"] = first
     s, s_again = _scored(ckpts["bf16"], "bfloat16", False, prompts, first, again)
     _, ref = sh.load_reference(ckpts["bf16"], REF_DEVICE)
@@ -174,8 +208,16 @@ def test_bf16_kv_group_identical_to_reference(ckpts, prompts):
 def test_bf16_kv_group_twin_identical_to_reference(ckpts, prompts):
     """The torch twin (SGLANG_ERNIE55_ATTN_IMPL=torch) in the real server, fp32 queries: the KV-only oracle."""
     PROMPTS_HOLDER["p"] = prompts
-    first, again, t = _serve(ckpts["bf16"], "--dtype", "float32", "--kv-cache-dtype", "bfloat16",
-                             "--disable-cuda-graph", name="bf16-f32-eager-twin", impls=TWIN)  # fmt: skip
+    first, again, t = _serve(
+        ckpts["bf16"],
+        "--dtype",
+        "float32",
+        "--kv-cache-dtype",
+        "bfloat16",
+        "--disable-cuda-graph",
+        name="bf16-f32-eager-twin",
+        impls=TWIN,
+    )
     s, s_again = _scored(ckpts["bf16"], "bfloat16", False, prompts, first, again)
     _track("bf16_f32_eager_twin", s, s_again, first, again, t)
     for sc in (s, s_again):
@@ -185,9 +227,18 @@ def test_bf16_kv_group_twin_identical_to_reference(ckpts, prompts):
 
 def test_bf16_kv_group_decode_cuda_graphs(ckpts, prompts):
     PROMPTS_HOLDER["p"] = prompts
-    first, again, t = _serve(ckpts["bf16"], "--dtype", "float32", "--kv-cache-dtype", "bfloat16",
-                             "--cuda-graph-max-bs-decode", "16", "--swa-full-tokens-ratio", "0.02",
-                             name="bf16-f32-graph")  # fmt: skip
+    first, again, t = _serve(
+        ckpts["bf16"],
+        "--dtype",
+        "float32",
+        "--kv-cache-dtype",
+        "bfloat16",
+        "--cuda-graph-max-bs-decode",
+        "16",
+        "--swa-full-tokens-ratio",
+        "0.02",
+        name="bf16-f32-graph",
+    )
     eager = _results.get("eager")
     s, s_again = _scored(ckpts["bf16"], "bfloat16", False, prompts, first, again)
     _track("bf16_f32_graph", s, s_again, first, again, t)
@@ -203,8 +254,9 @@ def test_bf16_kv_group_decode_cuda_graphs(ckpts, prompts):
 def test_bf16_kv_group_bf16_activations(ckpts, prompts):
     """BF16 weights, bf16 KV, bf16 activations (the serving default dtype): reported, loose bound."""
     PROMPTS_HOLDER["p"] = prompts
-    first, again, t = _serve(ckpts["bf16"], "--kv-cache-dtype", "bfloat16", "--disable-cuda-graph",
-                             name="bf16-bf16-eager")  # fmt: skip
+    first, again, t = _serve(
+        ckpts["bf16"], "--kv-cache-dtype", "bfloat16", "--disable-cuda-graph", name="bf16-bf16-eager"
+    )
     s, s_again = _scored(ckpts["bf16"], "bfloat16", False, prompts, first, again, bf16_queries=True)
     _track("bf16_bf16_eager", s, s_again, first, again, t)
     assert s.top1 >= 0.8 * s.positions, s.summary()
@@ -229,8 +281,15 @@ def test_fp8_group_act_quant_equals_sglang_cuda_kernel():
 
 def test_fp8_group_bf16_weights_fp8_kv(ckpts, prompts):
     PROMPTS_HOLDER["p"] = prompts
-    first, again, t = _serve(ckpts["bf16"], "--dtype", "float32", "--kv-cache-dtype", "fp8_e4m3",
-                             "--disable-cuda-graph", name="bf16-f32-fp8kv")  # fmt: skip
+    first, again, t = _serve(
+        ckpts["bf16"],
+        "--dtype",
+        "float32",
+        "--kv-cache-dtype",
+        "fp8_e4m3",
+        "--disable-cuda-graph",
+        name="bf16-f32-fp8kv",
+    )
     s, s_again = _scored(ckpts["bf16"], "fp8_e4m3", False, prompts, first, again)
     _track("bf16_f32_fp8kv", s, s_again, first, again, t)
     _assert_tracks(s)
@@ -239,8 +298,17 @@ def test_fp8_group_bf16_weights_fp8_kv(ckpts, prompts):
 
 def test_fp8_group_fp8_weights_fp8_kv(ckpts, prompts):
     PROMPTS_HOLDER["p"] = prompts
-    first, again, t = _serve(ckpts["fp8"], "--dtype", "float16", "--kv-cache-dtype", "fp8_e4m3",
-                             "--fp8-gemm-backend", "triton", "--disable-cuda-graph", name="fp8-f16-fp8kv")  # fmt: skip
+    first, again, t = _serve(
+        ckpts["fp8"],
+        "--dtype",
+        "float16",
+        "--kv-cache-dtype",
+        "fp8_e4m3",
+        "--fp8-gemm-backend",
+        "triton",
+        "--disable-cuda-graph",
+        name="fp8-f16-fp8kv",
+    )
     s, s_again = _scored(ckpts["fp8"], "fp8_e4m3", True, prompts, first, again, bf16_queries=True)
     _track("fp8_f16_fp8kv", s, s_again, first, again, t)
     cfg, ref = sh.load_reference(ckpts["fp8"], REF_DEVICE)

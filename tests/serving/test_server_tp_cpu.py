@@ -32,14 +32,37 @@ def test_tp2_cpu_server_matches_reference(tmp_path):
     path = make_checkpoint(tmp_path / "bf16", dtype="bf16", seed=0)
     cfg = tiny_config()
     prompts = sh.make_prompts(cfg.vocab_size, cfg.bos_token_id, lengths=(19, 129, 300, 1100), seed=1)
-    env = {"PYTHONPATH": os.pathsep.join([str(SHIM), os.environ.get("PYTHONPATH", "")]),
-           # one core per rank (SGLang binds CPU ranks to NUMA nodes otherwise, and this host has one)
-           "SGLANG_CPU_OMP_THREADS_BIND": "0|1" if (os.cpu_count() or 1) >= 2 else "0|0"}  # fmt: skip
-    server = sh.Server(str(path), "--device", "cpu", "--tp", "2", "--dtype", "float32",
-                       "--kv-cache-dtype", "bfloat16", "--context-length", "2048", "--max-running-requests", "8",
-                       "--max-total-tokens", "8192", "--chunked-prefill-size", "256", "--disable-cuda-graph",
-                       "--disable-prefill-cuda-graph", "--sampling-backend", "pytorch", log_name="cpu-tp2",
-                       env=env, timeout=900)  # fmt: skip
+    env = {
+        "PYTHONPATH": os.pathsep.join([str(SHIM), os.environ.get("PYTHONPATH", "")]),
+        # one core per rank (SGLang binds CPU ranks to NUMA nodes otherwise, and this host has one)
+        "SGLANG_CPU_OMP_THREADS_BIND": "0|1" if (os.cpu_count() or 1) >= 2 else "0|0",
+    }
+    server = sh.Server(
+        str(path),
+        "--device",
+        "cpu",
+        "--tp",
+        "2",
+        "--dtype",
+        "float32",
+        "--kv-cache-dtype",
+        "bfloat16",
+        "--context-length",
+        "2048",
+        "--max-running-requests",
+        "8",
+        "--max-total-tokens",
+        "8192",
+        "--chunked-prefill-size",
+        "256",
+        "--disable-cuda-graph",
+        "--disable-prefill-cuda-graph",
+        "--sampling-backend",
+        "pytorch",
+        log_name="cpu-tp2",
+        env=env,
+        timeout=900,
+    )
     try:
         outs = server.complete_all(prompts, 8, workers=4)
     finally:

@@ -82,8 +82,18 @@ def small_chunks(monkeypatch):
 def test_decode_rows_equal_reference(small_chunks, geometry):
     """Decode rows (and verify-like rows of one request at consecutive positions) over a width longer than
     every request: HCA window + compressed entries + sink, MLA over the DSA top-k with score ties."""
-    over = {} if geometry == "tiny" else dict(window_size=64, compress_ratio=32, head_dim=96, qk_rope_head_dim=32,
-                                                kv_lora_rank=96, index_topk=24)  # fmt: skip
+    over = (
+        {}
+        if geometry == "tiny"
+        else dict(
+            window_size=64,
+            compress_ratio=32,
+            head_dim=96,
+            qk_rope_head_dim=32,
+            kv_lora_rank=96,
+            index_topk=24,
+        )
+    )
     cfg = tiny_config(**over)
     lens = [700, 33, 260]
     pool, r2t = _setup(cfg, lens)
@@ -98,17 +108,41 @@ def test_decode_rows_equal_reference(small_chunks, geometry):
     h, D, R, r, dI, nI = 16, cfg.head_dim, cfg.kv_lora_rank, cfg.qk_rope_head_dim, cfg.index_head_dim, 8
     sink = torch.randn(h, generator=g)
     q = torch.randn(4, h, D, generator=g)
-    out = hca.decode(q, torch.zeros(4, D), torch.zeros(4, 2 * D), _Compressor(D), sink, D**-0.5, 0, loc, req, pos,
-                     width=r2t.shape[1])  # fmt: skip
+    out = hca.decode(
+        q,
+        torch.zeros(4, D),
+        torch.zeros(4, 2 * D),
+        _Compressor(D),
+        sink,
+        D**-0.5,
+        0,
+        loc,
+        req,
+        pos,
+        width=r2t.shape[1],
+    )
     for i in range(4):
-        want = _hca_ref(pool, 0, r2t, int(req[i]), int(pos[i]), q[i], sink, D**-0.5, cfg.window_size,
-                        cfg.compress_ratio)  # fmt: skip
+        want = _hca_ref(
+            pool, 0, r2t, int(req[i]), int(pos[i]), q[i], sink, D**-0.5, cfg.window_size, cfg.compress_ratio
+        )
         torch.testing.assert_close(out[i], want, rtol=1e-5, atol=1e-5)
     mla_lid = cfg.layer_types.index("mla_dsa")
     qm = torch.randn(4, h, R + r, generator=g)
     iq, iw = torch.randn(4, nI, dI, generator=g), torch.rand(4, nI, generator=g)
-    out = mla.decode(qm, torch.zeros(4, R + r), iq, iw, torch.zeros(4, dI), 0.1, R, mla_lid, loc, req, pos,
-                     width=r2t.shape[1])  # fmt: skip
+    out = mla.decode(
+        qm,
+        torch.zeros(4, R + r),
+        iq,
+        iw,
+        torch.zeros(4, dI),
+        0.1,
+        R,
+        mla_lid,
+        loc,
+        req,
+        pos,
+        width=r2t.shape[1],
+    )
     for i in range(4):
         want = _mla_ref(
             pool, mla_lid, r2t, int(req[i]), int(pos[i]), qm[i], iq[i], iw[i], 0.1, cfg.index_topk, R
@@ -180,12 +214,35 @@ def test_million_token_width_reads_one_chunk_at_a_time(monkeypatch):
     g = torch.Generator().manual_seed(5)
     D, R, r, dI = cfg.head_dim, cfg.kv_lora_rank, cfg.qk_rope_head_dim, cfg.index_head_dim
     hca = tp.TorchHCA(pool, r2t, cfg.window_size, cfg.compress_ratio)
-    o1 = hca.decode(torch.randn(B, h, D, generator=g), torch.zeros(B, D), torch.zeros(B, 2 * D), _Compressor(D),
-                    torch.zeros(h), D**-0.5, 0, loc, req, pos, width)  # fmt: skip
+    o1 = hca.decode(
+        torch.randn(B, h, D, generator=g),
+        torch.zeros(B, D),
+        torch.zeros(B, 2 * D),
+        _Compressor(D),
+        torch.zeros(h),
+        D**-0.5,
+        0,
+        loc,
+        req,
+        pos,
+        width,
+    )
     mla = tp.TorchMLA(pool, r2t, cfg.index_topk)
     lid = cfg.layer_types.index("mla_dsa")
-    o2 = mla.decode(torch.randn(B, h, R + r, generator=g), torch.zeros(B, R + r), torch.randn(B, 8, dI, generator=g),
-                    torch.rand(B, 8, generator=g), torch.zeros(B, dI), 0.1, R, lid, loc, req, pos, width)  # fmt: skip
+    o2 = mla.decode(
+        torch.randn(B, h, R + r, generator=g),
+        torch.zeros(B, R + r),
+        torch.randn(B, 8, dI, generator=g),
+        torch.rand(B, 8, generator=g),
+        torch.zeros(B, dI),
+        0.1,
+        R,
+        lid,
+        loc,
+        req,
+        pos,
+        width,
+    )
     assert torch.isfinite(o1).all() and torch.isfinite(o2).all()
     assert max(biggest) <= tp.CHUNK_BYTES, (max(biggest), tp.CHUNK_BYTES)
     assert sum(biggest) > width * 100  # and the whole width was visited

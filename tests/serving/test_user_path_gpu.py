@@ -51,9 +51,11 @@ def test_pool_set_up_allocates_within_budget(tiny_dir, kv, echo, context):
     b = szh.build_like_sglang(tiny_dir, *flags, budget=budget, device="cuda")
     plan = b.planned
     exact = plan["pool"] + plan["req_to_token"] + plan["allocator"]
-    print(f"\n[pool budget {kv} echo={echo} ctx={context}] allocated {b.allocated / GiB:.3f} GiB, tensors "
-          f"{exact / GiB:.3f}, plan {sum(plan.values()) / GiB:.3f}, budget {budget / GiB:.0f}; "
-          f"full {b.sizes.max_total_num_tokens} swa {b.sizes.swa_max_total_num_tokens}")  # fmt: skip
+    print(
+        f"\n[pool budget {kv} echo={echo} ctx={context}] allocated {b.allocated / GiB:.3f} GiB, tensors "
+        f"{exact / GiB:.3f}, plan {sum(plan.values()) / GiB:.3f}, budget {budget / GiB:.0f}; "
+        f"full {b.sizes.max_total_num_tokens} swa {b.sizes.swa_max_total_num_tokens}"
+    )
     assert exact <= b.allocated <= sum(plan.values()) <= budget, (b.allocated, plan)
     assert b.allocated >= 0.9 * budget  # and the budget is used, not left idle
     del b
@@ -96,8 +98,10 @@ def test_default_launch_serves(tmp_path, kind):
         server.stop()
     log = server.log_path.read_text(errors="replace")
     planned, budget = _budget_line(log)
-    print(f"\n[default {kind}] startup {server.startup_s:.0f}s, planned {planned} GiB of {budget} GiB; "
-          f"attention {server.attention_impls()}; cmd {' '.join(server.cmd[:3])}")  # fmt: skip
+    print(
+        f"\n[default {kind}] startup {server.startup_s:.0f}s, planned {planned} GiB of {budget} GiB; "
+        f"attention {server.attention_impls()}; cmd {' '.join(server.cmd[:3])}"
+    )
     assert planned <= budget
     assert "OutOfMemoryError" not in log
     assert all(len(o["tokens"]) == 16 for o in outs)
@@ -116,10 +120,27 @@ def test_torch_path_graphs_and_echo_at_1m_context(tmp_path):
     """The case that asked for 252 GiB in decode-graph capture: the torch attention path, CUDA graphs on, ECHO
     steps 2, 1M-token context. Graph capture stays small and the tokens equal the KV-rounded reference."""
     path, cfg = _checkpoint("tiny", tmp_path)
-    server = sh.Server(path, "--context-length", "1048576", "--max-running-requests", "4", "--cuda-graph-max-bs",
-                       "4", "--speculative-algorithm", "EAGLE", "--speculative-num-steps", "2", "--dtype", "float32",
-                       "--kv-cache-dtype", "bfloat16", log_name="torch-1m-echo", cli=True, timeout=900,
-                       env={"SGLANG_ERNIE55_ATTN_IMPL": "torch"})  # fmt: skip
+    server = sh.Server(
+        path,
+        "--context-length",
+        "1048576",
+        "--max-running-requests",
+        "4",
+        "--cuda-graph-max-bs",
+        "4",
+        "--speculative-algorithm",
+        "EAGLE",
+        "--speculative-num-steps",
+        "2",
+        "--dtype",
+        "float32",
+        "--kv-cache-dtype",
+        "bfloat16",
+        log_name="torch-1m-echo",
+        cli=True,
+        timeout=900,
+        env={"SGLANG_ERNIE55_ATTN_IMPL": "torch"},
+    )
     prompts = geo.prompts(cfg)
     try:
         outs = server.complete_all(prompts, 24, workers=4)

@@ -53,8 +53,11 @@ def _init_single_process_dist(backend: str = "gloo") -> None:
 
         # sglang.test.test_utils.publish_build_topology(tp_size=1, ep_size=1, pp_size=1)
         reset_context()
-        publish(ServerArgs(model_path="dummy", tp_size=1, ep_size=1, pp_size=1), role="test",
-                ranks=SpawnRanks(world_rank=0))  # fmt: skip
+        publish(
+            ServerArgs(model_path="dummy", tp_size=1, ep_size=1, pp_size=1),
+            role="test",
+            ranks=SpawnRanks(world_rank=0),
+        )
         if parallel_state._WORLD is not None:
             get_parallel().override_permanently(world_group=parallel_state._WORLD)
         initialize_model_parallel(backend=backend)
@@ -154,10 +157,19 @@ class Session:
     `state_blocks=2` builds the pool as a speculative server does (two-block open-block state ring)."""
 
     def __init__(
-        self, model, cfg, kv_dtype: torch.dtype, num_pages: int = 64, max_ctx: int = 4096, slots: int = 8,
-        swa_pages: int | None = None, state_blocks: int = 1, impl: str | None = None, device: str = "cpu",
+        self,
+        model,
+        cfg,
+        kv_dtype: torch.dtype,
+        num_pages: int = 64,
+        max_ctx: int = 4096,
+        slots: int = 8,
+        swa_pages: int | None = None,
+        state_blocks: int = 1,
+        impl: str | None = None,
+        device: str = "cpu",
         backend_cls=None,
-    ):  # fmt: skip
+    ):
         """impl: the backend's compute (None: SGLANG_ERNIE55_ATTN_IMPL, i.e. the torch twin on CPU);
         backend_cls: a subclass of Ernie55AttnBackend (tests)."""
         from sglang_ernie55.attention.backend import Ernie55AttnBackend
@@ -166,17 +178,29 @@ class Session:
         self.model, self.cfg, self.page, self.device = model, cfg, 256, device
         size = num_pages * self.page
         swa = None if swa_pages is None else swa_pages * self.page
-        self.pool = Ernie55TokenToKVPool(size, self.page, kv_dtype, cfg, num_req_slots=slots, device=device,
-                                         swa_size=swa, state_blocks=state_blocks)  # fmt: skip
+        self.pool = Ernie55TokenToKVPool(
+            size,
+            self.page,
+            kv_dtype,
+            cfg,
+            num_req_slots=slots,
+            device=device,
+            swa_size=swa,
+            state_blocks=state_blocks,
+        )
         self.req_to_token = torch.zeros(slots, max_ctx, dtype=torch.int32, device=device)
         self.allocator = None
         if swa is not None:
             from sglang.srt.mem_cache.allocator.swa import SWATokenToKVPoolAllocator
 
-            self.allocator = SWATokenToKVPoolAllocator(size, swa, self.page, kv_dtype, device, self.pool,
-                                                       need_sort=False)  # fmt: skip
-        runner = SimpleNamespace(token_to_kv_pool=self.pool, model_config=SimpleNamespace(hf_config=cfg),
-                                 req_to_token_pool=SimpleNamespace(req_to_token=self.req_to_token))  # fmt: skip
+            self.allocator = SWATokenToKVPoolAllocator(
+                size, swa, self.page, kv_dtype, device, self.pool, need_sort=False
+            )
+        runner = SimpleNamespace(
+            token_to_kv_pool=self.pool,
+            model_config=SimpleNamespace(hf_config=cfg),
+            req_to_token_pool=SimpleNamespace(req_to_token=self.req_to_token),
+        )
         self.backend = (backend_cls or Ernie55AttnBackend)(runner, impl=impl)
         self.free_pages = list(range(1, num_pages + 1))
         self.lens = [0] * slots
@@ -200,7 +224,9 @@ class Session:
                 else:
                     loc = self.allocator.alloc_extend(pre.to(dev), pre, seq.to(dev), seq, last, k)
                 if loc is None:
-                    raise RuntimeError(f"SGLang's SWA allocator is out of pages (req {req}, {k} tokens at {M})")
+                    raise RuntimeError(
+                        f"SGLang's SWA allocator is out of pages (req {req}, {k} tokens at {M})"
+                    )
                 self.req_to_token[req, M : M + k] = loc.to(torch.int32)
                 self.mapped[req] = M + k
             return self.req_to_token[req, P : P + n].long()
@@ -261,10 +287,16 @@ class Session:
             self.lens[req] = P + len(ids)
         seq = torch.tensor([self.lens[r] for r in reqs])
         fb = SimpleNamespace(
-            forward_mode=mode, out_cache_loc=torch.cat(locs), req_pool_indices=torch.tensor(reqs, device=self.device),
-            seq_lens=seq.to(self.device), seq_lens_cpu=seq, extend_prefix_lens_cpu=prefix, extend_seq_lens_cpu=ext,
-            global_num_token_non_padded_cpu=None, batch_size=len(reqs),
-        )  # fmt: skip
+            forward_mode=mode,
+            out_cache_loc=torch.cat(locs),
+            req_pool_indices=torch.tensor(reqs, device=self.device),
+            seq_lens=seq.to(self.device),
+            seq_lens_cpu=seq,
+            extend_prefix_lens_cpu=prefix,
+            extend_seq_lens_cpu=ext,
+            global_num_token_non_padded_cpu=None,
+            batch_size=len(reqs),
+        )
         self.backend.init_forward_metadata(fb)
         prev = set_forward_context(ForwardContext(attn_backend=self.backend))
         try:
@@ -311,11 +343,18 @@ class Session:
             ids.append(torch.zeros(k, dtype=torch.int64))
         seq = torch.tensor(lens)
         fb = ForwardBatch(
-            forward_mode=ForwardMode.TARGET_VERIFY, batch_size=len(req_idx), input_ids=torch.cat(ids),
-            req_pool_indices=torch.tensor(req_idx), seq_lens=seq, out_cache_loc=torch.cat(locs),
-            seq_lens_sum=int(seq.sum()), seq_lens_cpu=seq, positions=torch.cat(pos),
-            capture_hidden_mode=CaptureHiddenMode.FULL, spec_info=SimpleNamespace(draft_token_num=k),
-        )  # fmt: skip
+            forward_mode=ForwardMode.TARGET_VERIFY,
+            batch_size=len(req_idx),
+            input_ids=torch.cat(ids),
+            req_pool_indices=torch.tensor(req_idx),
+            seq_lens=seq,
+            out_cache_loc=torch.cat(locs),
+            seq_lens_sum=int(seq.sum()),
+            seq_lens_cpu=seq,
+            positions=torch.cat(pos),
+            capture_hidden_mode=CaptureHiddenMode.FULL,
+            spec_info=SimpleNamespace(draft_token_num=k),
+        )
         if graph:
             self.backend.init_forward_metadata_out_graph(fb)
             self.backend.init_forward_metadata_in_graph(fb)
@@ -403,4 +442,3 @@ def well_posed_prompt(cfg, ref, n: int, seed: int, tries: int = 20) -> torch.Ten
         if dsa_boundary_margin(ref, ids) >= DSA_MARGIN:
             return ids
     raise RuntimeError(f"no well-posed {n}-token prompt in {tries} seeds from {seed}")
-

@@ -105,10 +105,21 @@ def token_rows(slots, page_size, page_bytes, data_stride, scale_base, scale_stri
 
 @triton.jit
 def load_main(
-    u8_ptr, f8_ptr, bf_ptr, f32_ptr, row, srow, valid,
-    KIND: tl.constexpr, MAIN: tl.constexpr, MAIN_P: tl.constexpr, NOPE: tl.constexpr, TILE: tl.constexpr,
-    BN: tl.constexpr, DT: tl.constexpr = tl.float32,
-):  # fmt: skip
+    u8_ptr,
+    f8_ptr,
+    bf_ptr,
+    f32_ptr,
+    row,
+    srow,
+    valid,
+    KIND: tl.constexpr,
+    MAIN: tl.constexpr,
+    MAIN_P: tl.constexpr,
+    NOPE: tl.constexpr,
+    TILE: tl.constexpr,
+    BN: tl.constexpr,
+    DT: tl.constexpr = tl.float32,
+):
     """[BN, MAIN_P] values (dtype DT) of the main segment of BN tokens (rows/srows [BN] byte offsets); columns
     >= MAIN are 0.
 
@@ -164,10 +175,20 @@ def load_tail(
 
 @triton.jit
 def encode_store(
-    x, row, srow, u8_ptr, f8_ptr, bf_ptr, f32_ptr,
-    KIND: tl.constexpr, MAIN: tl.constexpr, MAIN_P: tl.constexpr, NOPE: tl.constexpr, TILE: tl.constexpr,
+    x,
+    row,
+    srow,
+    u8_ptr,
+    f8_ptr,
+    bf_ptr,
+    f32_ptr,
+    KIND: tl.constexpr,
+    MAIN: tl.constexpr,
+    MAIN_P: tl.constexpr,
+    NOPE: tl.constexpr,
+    TILE: tl.constexpr,
     SCALE_BYTES: tl.constexpr,
-):  # fmt: skip
+):
     """Store one token's main segment x [MAIN_P] fp32 (columns >= MAIN zero, never stored) at data row ``row``
     / scale row ``srow`` (bytes): bf16 (KIND 0), or fp8 dims < NOPE with power-of-two tile scales (ue8m0 bytes
     for KIND 1, fp32 for KIND 2) and bf16 dims >= NOPE at ``row + NOPE + 2 * (d - NOPE)``."""

@@ -13,12 +13,42 @@ from .common import cols, encode_store, token_rows, within
 
 @triton.jit
 def hca_compress_kernel(
-    kvs_ptr, kvs_stride, state_ptr, state_stride_r, state_stride_t, ape_ptr, w_ptr, cos_ptr, sin_ptr, cs_stride,
-    job_slot_ptr, job_block_ptr, job_start_ptr, job_tok_ptr, job_out_ptr, eps, ring,
-    u8_ptr, f8_ptr, bf_ptr, f32_ptr, page_size, page_bytes, data_stride, scale_base, scale_stride,
-    D: tl.constexpr, HALF_P: tl.constexpr, ROPE: tl.constexpr, RATIO: tl.constexpr, RB: tl.constexpr,
-    KIND: tl.constexpr, NOPE: tl.constexpr, TILE: tl.constexpr, SCALE_BYTES: tl.constexpr,
-):  # fmt: skip
+    kvs_ptr,
+    kvs_stride,
+    state_ptr,
+    state_stride_r,
+    state_stride_t,
+    ape_ptr,
+    w_ptr,
+    cos_ptr,
+    sin_ptr,
+    cs_stride,
+    job_slot_ptr,
+    job_block_ptr,
+    job_start_ptr,
+    job_tok_ptr,
+    job_out_ptr,
+    eps,
+    ring,
+    u8_ptr,
+    f8_ptr,
+    bf_ptr,
+    f32_ptr,
+    page_size,
+    page_bytes,
+    data_stride,
+    scale_base,
+    scale_stride,
+    D: tl.constexpr,
+    HALF_P: tl.constexpr,
+    ROPE: tl.constexpr,
+    RATIO: tl.constexpr,
+    RB: tl.constexpr,
+    KIND: tl.constexpr,
+    NOPE: tl.constexpr,
+    TILE: tl.constexpr,
+    SCALE_BYTES: tl.constexpr,
+):
     """One program per job (one complete block). Channels are handled as even / odd halves so the
     interleaved RoPE pairs (2i, 2i+1) sit in the same lane (D / 2 pairs held as HALF_P lanes). State rows of
     block j: ring rows (RATIO * j) % ring + t (ring = RATIO or 2 * RATIO rows per request slot)."""
@@ -58,8 +88,9 @@ def hca_compress_kernel(
         s_e = tl.load(nrow + D + ce[None, :], mask=mn, other=0.0) + tl.load(
             srow + D + ce[None, :], mask=ms, other=0.0
         )
-        s_o = tl.load(nrow + D + ce[None, :] + 1, mask=mn, other=0.0) + tl.load(srow + D + ce[None, :] + 1, mask=ms,
-                                                                                 other=0.0)  # fmt: skip
+        s_o = tl.load(nrow + D + ce[None, :] + 1, mask=mn, other=0.0) + tl.load(
+            srow + D + ce[None, :] + 1, mask=ms, other=0.0
+        )
         if HALF_P > HALF:
             s_e += tl.load(ape_ptr + r[:, None] * D + ce[None, :], mask=(i < HALF)[None, :], other=0.0)
             s_o += tl.load(ape_ptr + r[:, None] * D + ce[None, :] + 1, mask=(i < HALF)[None, :], other=0.0)
@@ -102,9 +133,19 @@ def hca_compress_kernel(
 
 @triton.jit
 def hca_state_update_kernel(
-    kvs_ptr, kvs_stride, state_ptr, state_stride_r, state_stride_t, pos_ptr, slot_ptr, seqlen_ptr,
-    W: tl.constexpr, W_P: tl.constexpr, RATIO: tl.constexpr, RING: tl.constexpr,
-):  # fmt: skip
+    kvs_ptr,
+    kvs_stride,
+    state_ptr,
+    state_stride_r,
+    state_stride_t,
+    pos_ptr,
+    slot_ptr,
+    seqlen_ptr,
+    W: tl.constexpr,
+    W_P: tl.constexpr,
+    RATIO: tl.constexpr,
+    RING: tl.constexpr,
+):
     """Token i's row into ring row p % RING when its block is one of the last RING // RATIO blocks."""
     i = tl.program_id(0).to(tl.int64)
     p = tl.load(pos_ptr + i).to(tl.int64)

@@ -11,12 +11,38 @@ from .common import cols, load_main, token_rows
 
 @triton.jit
 def indexer_logits_kernel(
-    q_ptr, q_stride_t, q_stride_h, w_ptr, w_stride_t, pt_ptr, pt_stride, req_ptr, pos_ptr,
-    out_ptr, out_stride, max_len, keys_per_prog, NI,
-    u8_ptr, f8_ptr, bf_ptr, f32_ptr, page_size, page_bytes, data_stride, scale_base, scale_stride,
-    KIND: tl.constexpr, DI: tl.constexpr, DI_P: tl.constexpr, NOPE: tl.constexpr, TILE: tl.constexpr,
-    BNI: tl.constexpr, BN: tl.constexpr, DT: tl.constexpr,
-):  # fmt: skip
+    q_ptr,
+    q_stride_t,
+    q_stride_h,
+    w_ptr,
+    w_stride_t,
+    pt_ptr,
+    pt_stride,
+    req_ptr,
+    pos_ptr,
+    out_ptr,
+    out_stride,
+    max_len,
+    keys_per_prog,
+    NI,
+    u8_ptr,
+    f8_ptr,
+    bf_ptr,
+    f32_ptr,
+    page_size,
+    page_bytes,
+    data_stride,
+    scale_base,
+    scale_stride,
+    KIND: tl.constexpr,
+    DI: tl.constexpr,
+    DI_P: tl.constexpr,
+    NOPE: tl.constexpr,
+    TILE: tl.constexpr,
+    BNI: tl.constexpr,
+    BN: tl.constexpr,
+    DT: tl.constexpr,
+):
     t = tl.program_id(0).to(tl.int64)
     sp = tl.program_id(1)
     h = tl.arange(0, BNI)

@@ -13,11 +13,28 @@ from .common import encode_store, round_bf16, token_rows
 
 @triton.jit
 def kv_store_kernel(
-    x_ptr, x_stride, loc_ptr, u8_ptr, f8_ptr, bf_ptr, f32_ptr,
-    page_size, page_bytes, data_stride, scale_base, scale_stride,
-    KIND: tl.constexpr, MAIN: tl.constexpr, MAIN_P: tl.constexpr, NOPE: tl.constexpr, TILE: tl.constexpr,
-    TAIL: tl.constexpr, TAIL_P: tl.constexpr, TAIL_OFF: tl.constexpr, SCALE_BYTES: tl.constexpr,
-):  # fmt: skip
+    x_ptr,
+    x_stride,
+    loc_ptr,
+    u8_ptr,
+    f8_ptr,
+    bf_ptr,
+    f32_ptr,
+    page_size,
+    page_bytes,
+    data_stride,
+    scale_base,
+    scale_stride,
+    KIND: tl.constexpr,
+    MAIN: tl.constexpr,
+    MAIN_P: tl.constexpr,
+    NOPE: tl.constexpr,
+    TILE: tl.constexpr,
+    TAIL: tl.constexpr,
+    TAIL_P: tl.constexpr,
+    TAIL_OFF: tl.constexpr,
+    SCALE_BYTES: tl.constexpr,
+):
     i = tl.program_id(0)
     slot = tl.load(loc_ptr + i).to(tl.int64)
     if slot < 0:

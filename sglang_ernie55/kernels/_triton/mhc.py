@@ -9,11 +9,28 @@ import triton.language as tl
 
 @triton.jit
 def hc_pre_tail_kernel(
-    m_ptr, m_stride, base_ptr, scale_ptr, r_ptr, r_stride_t, r_stride_n, H,
-    pre_ptr, post_ptr, c_ptr, y_ptr, y_stride, hc_eps, rms_eps,
-    N: tl.constexpr, NP: tl.constexpr, ITERS: tl.constexpr, BLOCK: tl.constexpr, HEAD: tl.constexpr,
+    m_ptr,
+    m_stride,
+    base_ptr,
+    scale_ptr,
+    r_ptr,
+    r_stride_t,
+    r_stride_n,
+    H,
+    pre_ptr,
+    post_ptr,
+    c_ptr,
+    y_ptr,
+    y_stride,
+    hc_eps,
+    rms_eps,
+    N: tl.constexpr,
+    NP: tl.constexpr,
+    ITERS: tl.constexpr,
+    BLOCK: tl.constexpr,
+    HEAD: tl.constexpr,
     RMS: tl.constexpr,
-):  # fmt: skip
+):
     """One program per token. m row = [pre N | post N | comb N*N] (HEAD: [pre N] only). RMS: m holds the
     raw mix x @ fn^T and the program scales it by rsqrt(mean(x^2) + rms_eps) over its own row of R."""
     t = tl.program_id(0).to(tl.int64)
@@ -23,8 +40,11 @@ def hc_pre_tail_kernel(
         ss = tl.zeros([NP], tl.float32)
         for h0 in range(0, H, BLOCK):
             h = h0 + tl.arange(0, BLOCK)
-            r = tl.load(r_ptr + t * r_stride_t + i[:, None] * r_stride_n + h[None, :],
-                        mask=im[:, None] & (h < H)[None, :], other=0.0).to(tl.float32)  # fmt: skip
+            r = tl.load(
+                r_ptr + t * r_stride_t + i[:, None] * r_stride_n + h[None, :],
+                mask=im[:, None] & (h < H)[None, :],
+                other=0.0,
+            ).to(tl.float32)
             ss += tl.sum(r * r, 1)
         rr = tl.rsqrt(tl.sum(ss, 0) / (N * H) + rms_eps)
     else:
@@ -38,8 +58,10 @@ def hc_pre_tail_kernel(
     if not HEAD:
         s1 = tl.load(scale_ptr + 1)
         s2 = tl.load(scale_ptr + 2)
-        post = 2.0 * tl.sigmoid(tl.load(m_ptr + t * m_stride + N + i, mask=im, other=0.0) * rr * s1
-                                + tl.load(base_ptr + N + i, mask=im, other=0.0))  # fmt: skip
+        post = 2.0 * tl.sigmoid(
+            tl.load(m_ptr + t * m_stride + N + i, mask=im, other=0.0) * rr * s1
+            + tl.load(base_ptr + N + i, mask=im, other=0.0)
+        )
         tl.store(pre_ptr + t * N + i, pre, mask=im)
         tl.store(post_ptr + t * N + i, post, mask=im)
         jj = i[:, None]
@@ -62,16 +84,31 @@ def hc_pre_tail_kernel(
     for h0 in range(0, H, BLOCK):
         h = h0 + tl.arange(0, BLOCK)
         hm = h < H
-        r = tl.load(r_ptr + t * r_stride_t + i[:, None] * r_stride_n + h[None, :], mask=im[:, None] & hm[None, :],
-                    other=0.0).to(tl.float32)  # fmt: skip
+        r = tl.load(
+            r_ptr + t * r_stride_t + i[:, None] * r_stride_n + h[None, :],
+            mask=im[:, None] & hm[None, :],
+            other=0.0,
+        ).to(tl.float32)
         tl.store(y_ptr + t * y_stride + h, tl.sum(pre[:, None] * r, 0), mask=hm)
 
 
 @triton.jit
 def hc_post_kernel(
-    f_ptr, f_stride, r_ptr, r_stride_t, r_stride_n, post_ptr, c_ptr, o_ptr, o_stride_t, o_stride_n, H,
-    N: tl.constexpr, NP: tl.constexpr, BLOCK: tl.constexpr,
-):  # fmt: skip
+    f_ptr,
+    f_stride,
+    r_ptr,
+    r_stride_t,
+    r_stride_n,
+    post_ptr,
+    c_ptr,
+    o_ptr,
+    o_stride_t,
+    o_stride_n,
+    H,
+    N: tl.constexpr,
+    NP: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     """R'[i] = post[i] * f + sum_j C[j, i] * R[j]; grid (token, H block)."""
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
@@ -85,5 +122,8 @@ def hc_post_kernel(
         rj = tl.load(r_ptr + t * r_stride_t + j * r_stride_n + h, mask=hm, other=0.0).to(tl.float32)
         cj = tl.load(c_ptr + t * N * N + j * N + i, mask=im, other=0.0)  # C[j, :]
         acc += cj[:, None] * rj[None, :]
-    tl.store(o_ptr + t * o_stride_t + i[:, None] * o_stride_n + h[None, :], acc.to(o_ptr.dtype.element_ty),
-             mask=im[:, None] & hm[None, :])  # fmt: skip
+    tl.store(
+        o_ptr + t * o_stride_t + i[:, None] * o_stride_n + h[None, :],
+        acc.to(o_ptr.dtype.element_ty),
+        mask=im[:, None] & hm[None, :],
+    )

@@ -8,9 +8,18 @@ import triton.language as tl
 
 @triton.jit
 def rms_norm_kernel(
-    x_ptr, x_stride, w_ptr, o_ptr, o_stride, M, N, eps,
-    HAS_W: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr,
-):  # fmt: skip
+    x_ptr,
+    x_stride,
+    w_ptr,
+    o_ptr,
+    o_stride,
+    M,
+    N,
+    eps,
+    HAS_W: tl.constexpr,
+    ROWS: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     """ROWS rows per program, each reduced on its own (the tile shape depends on N only)."""
     m = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     n = tl.arange(0, BLOCK)

@@ -8,10 +8,21 @@ import triton.language as tl
 
 @triton.jit
 def rope_inplace_kernel(
-    x_ptr, x_stride_t, x_stride_h, H, pos_ptr, cos_ptr, sin_ptr, cs_stride,
-    START: tl.constexpr, ROPE: tl.constexpr, BH: tl.constexpr, SIGN: tl.constexpr, NEOX: tl.constexpr,
+    x_ptr,
+    x_stride_t,
+    x_stride_h,
+    H,
+    pos_ptr,
+    cos_ptr,
+    sin_ptr,
+    cs_stride,
+    START: tl.constexpr,
+    ROPE: tl.constexpr,
+    BH: tl.constexpr,
+    SIGN: tl.constexpr,
+    NEOX: tl.constexpr,
     TOKEN_ROWS: tl.constexpr,
-):  # fmt: skip
+):
     """Grid (token, head block). The slice x[t, h, START : START + ROPE] rotates: pairs (2i, 2i+1)
     (interleaved) or (i, i + ROPE/2) (NEOX, rotate-half). Table row: positions[t], or t (TOKEN_ROWS)."""
     t = tl.program_id(0).to(tl.int64)

@@ -8,9 +8,19 @@ import triton.language as tl
 
 @triton.jit
 def router_topk_kernel(
-    logit_ptr, logit_stride, bias_ptr, w_ptr, id_ptr, E, scaling,
-    R: tl.constexpr, EP: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, NORM: tl.constexpr,
-):  # fmt: skip
+    logit_ptr,
+    logit_stride,
+    bias_ptr,
+    w_ptr,
+    id_ptr,
+    E,
+    scaling,
+    R: tl.constexpr,
+    EP: tl.constexpr,
+    K: tl.constexpr,
+    KP: tl.constexpr,
+    NORM: tl.constexpr,
+):
     t = tl.program_id(0).to(tl.int64)
     e = tl.arange(0, EP)
     em = e < E

@@ -24,14 +24,39 @@ from .common import cols, load_main, load_tail, token_rows
 
 @triton.jit
 def _attend_scope(
-    m_i, l_i, acc, acc_t, q, q_t,
-    idx_ptr, idx_stride, t, lo, hi,
-    u8_ptr, f8_ptr, bf_ptr, f32_ptr, page_size, page_bytes, data_stride, scale_base, scale_stride,
+    m_i,
+    l_i,
+    acc,
+    acc_t,
+    q,
+    q_t,
+    idx_ptr,
+    idx_stride,
+    t,
+    lo,
+    hi,
+    u8_ptr,
+    f8_ptr,
+    bf_ptr,
+    f32_ptr,
+    page_size,
+    page_bytes,
+    data_stride,
+    scale_base,
+    scale_stride,
     qk_scale,
-    KIND: tl.constexpr, MAIN: tl.constexpr, MAIN_P: tl.constexpr, NOPE: tl.constexpr, TILE: tl.constexpr,
-    TAIL: tl.constexpr, TAIL_P: tl.constexpr, TAIL_OFF: tl.constexpr, V_TAIL: tl.constexpr, BN: tl.constexpr,
+    KIND: tl.constexpr,
+    MAIN: tl.constexpr,
+    MAIN_P: tl.constexpr,
+    NOPE: tl.constexpr,
+    TILE: tl.constexpr,
+    TAIL: tl.constexpr,
+    TAIL_P: tl.constexpr,
+    TAIL_OFF: tl.constexpr,
+    V_TAIL: tl.constexpr,
+    BN: tl.constexpr,
     DT: tl.constexpr,
-):  # fmt: skip
+):
     offs = tl.arange(0, BN)
     for n0 in range(lo, hi, BN):
         n = n0 + offs
@@ -62,20 +87,66 @@ def _attend_scope(
 
 @triton.jit
 def sparse_attn_split_kernel(
-    q_ptr, q_stride_t, q_stride_h, H, chunk,
+    q_ptr,
+    q_stride_t,
+    q_stride_h,
+    H,
+    chunk,
     # main scope
-    ia_ptr, ia_stride, la_ptr, KA,
-    a_u8, a_f8, a_bf, a_f32, a_ps, a_pb, a_ds, a_sb, a_ss,
+    ia_ptr,
+    ia_stride,
+    la_ptr,
+    KA,
+    a_u8,
+    a_f8,
+    a_bf,
+    a_f32,
+    a_ps,
+    a_pb,
+    a_ds,
+    a_sb,
+    a_ss,
     # extra scope
-    ib_ptr, ib_stride, lb_ptr, KB,
-    b_u8, b_f8, b_bf, b_f32, b_ps, b_pb, b_ds, b_sb, b_ss,
-    sink_ptr, sm_scale,
-    o_ptr, o_stride_t, o_stride_h, lse_ptr, part_ptr, plse_ptr, n_split,
-    KIND: tl.constexpr, MAIN: tl.constexpr, MAIN_P: tl.constexpr, NOPE: tl.constexpr, TILE: tl.constexpr,
-    TAIL: tl.constexpr, TAIL_P: tl.constexpr, TAIL_OFF: tl.constexpr, V_TAIL: tl.constexpr,
-    HAS_B: tl.constexpr, HAS_LA: tl.constexpr, HAS_LB: tl.constexpr, HAS_SINK: tl.constexpr,
-    SINGLE: tl.constexpr, BH: tl.constexpr, BN: tl.constexpr, DT: tl.constexpr,
-):  # fmt: skip
+    ib_ptr,
+    ib_stride,
+    lb_ptr,
+    KB,
+    b_u8,
+    b_f8,
+    b_bf,
+    b_f32,
+    b_ps,
+    b_pb,
+    b_ds,
+    b_sb,
+    b_ss,
+    sink_ptr,
+    sm_scale,
+    o_ptr,
+    o_stride_t,
+    o_stride_h,
+    lse_ptr,
+    part_ptr,
+    plse_ptr,
+    n_split,
+    KIND: tl.constexpr,
+    MAIN: tl.constexpr,
+    MAIN_P: tl.constexpr,
+    NOPE: tl.constexpr,
+    TILE: tl.constexpr,
+    TAIL: tl.constexpr,
+    TAIL_P: tl.constexpr,
+    TAIL_OFF: tl.constexpr,
+    V_TAIL: tl.constexpr,
+    HAS_B: tl.constexpr,
+    HAS_LA: tl.constexpr,
+    HAS_LB: tl.constexpr,
+    HAS_SINK: tl.constexpr,
+    SINGLE: tl.constexpr,
+    BH: tl.constexpr,
+    BN: tl.constexpr,
+    DT: tl.constexpr,
+):
     hb = tl.program_id(0)  # head blocks of one query token launch next to each other (its keys stay in L2)
     t = tl.program_id(1).to(tl.int64)
     sp = tl.program_id(2)
@@ -93,8 +164,11 @@ def sparse_attn_split_kernel(
     q = q.to(DT)
     if TAIL > 0:
         dt = tl.arange(0, TAIL_P)
-        q_t = tl.load(q_ptr + t * q_stride_t + h[:, None] * q_stride_h + MAIN + dt[None, :],
-                      mask=cols(hmask[:, None], dt, TAIL, TAIL_P), other=0.0).to(DT)  # fmt: skip
+        q_t = tl.load(
+            q_ptr + t * q_stride_t + h[:, None] * q_stride_h + MAIN + dt[None, :],
+            mask=cols(hmask[:, None], dt, TAIL, TAIL_P),
+            other=0.0,
+        ).to(DT)
     else:
         q_t = q
 
@@ -120,18 +194,76 @@ def sparse_attn_split_kernel(
     lo = start
     hi = tl.minimum(end, len_a)
     m_i, l_i, acc, acc_t = _attend_scope(
-        m_i, l_i, acc, acc_t, q, q_t, ia_ptr, ia_stride, t, lo, hi,
-        a_u8, a_f8, a_bf, a_f32, a_ps, a_pb, a_ds, a_sb, a_ss, qk_scale,
-        KIND, MAIN, MAIN_P, NOPE, TILE, TAIL, TAIL_P, TAIL_OFF, V_TAIL, BN, DT,
-    )  # fmt: skip
+        m_i,
+        l_i,
+        acc,
+        acc_t,
+        q,
+        q_t,
+        ia_ptr,
+        ia_stride,
+        t,
+        lo,
+        hi,
+        a_u8,
+        a_f8,
+        a_bf,
+        a_f32,
+        a_ps,
+        a_pb,
+        a_ds,
+        a_sb,
+        a_ss,
+        qk_scale,
+        KIND,
+        MAIN,
+        MAIN_P,
+        NOPE,
+        TILE,
+        TAIL,
+        TAIL_P,
+        TAIL_OFF,
+        V_TAIL,
+        BN,
+        DT,
+    )
     if HAS_B:
         lo = tl.maximum(start - len_a, 0)
         hi = tl.minimum(end - len_a, len_b)
         m_i, l_i, acc, acc_t = _attend_scope(
-            m_i, l_i, acc, acc_t, q, q_t, ib_ptr, ib_stride, t, lo, hi,
-            b_u8, b_f8, b_bf, b_f32, b_ps, b_pb, b_ds, b_sb, b_ss, qk_scale,
-            KIND, MAIN, MAIN_P, NOPE, TILE, TAIL, TAIL_P, TAIL_OFF, V_TAIL, BN, DT,
-        )  # fmt: skip
+            m_i,
+            l_i,
+            acc,
+            acc_t,
+            q,
+            q_t,
+            ib_ptr,
+            ib_stride,
+            t,
+            lo,
+            hi,
+            b_u8,
+            b_f8,
+            b_bf,
+            b_f32,
+            b_ps,
+            b_pb,
+            b_ds,
+            b_sb,
+            b_ss,
+            qk_scale,
+            KIND,
+            MAIN,
+            MAIN_P,
+            NOPE,
+            TILE,
+            TAIL,
+            TAIL_P,
+            TAIL_OFF,
+            V_TAIL,
+            BN,
+            DT,
+        )
 
     if SINGLE:
         denom = l_i
@@ -151,8 +283,11 @@ def sparse_attn_split_kernel(
             mask=cols(hmask[:, None], d, MAIN, MAIN_P),
         )
         if V_TAIL:
-            tl.store(optr + MAIN + dt[None, :], (acc_t / denom[:, None]).to(o_ptr.dtype.element_ty),
-                     mask=cols(hmask[:, None], dt, TAIL, TAIL_P))  # fmt: skip
+            tl.store(
+                optr + MAIN + dt[None, :],
+                (acc_t / denom[:, None]).to(o_ptr.dtype.element_ty),
+                mask=cols(hmask[:, None], dt, TAIL, TAIL_P),
+            )
         lse = tl.where(l_i > 0, m_safe + tl.log2(tl.where(l_i > 0, l_i, 1.0)), float("-inf"))
         tl.store(lse_ptr + t * H + h, lse, mask=hmask)
     else:
@@ -173,9 +308,19 @@ def sparse_attn_split_kernel(
 
 @triton.jit
 def sparse_attn_combine_kernel(
-    part_ptr, plse_ptr, n_split, H, sink_ptr, o_ptr, o_stride_t, o_stride_h, lse_ptr,
-    DV: tl.constexpr, DV_P2: tl.constexpr, HAS_SINK: tl.constexpr,
-):  # fmt: skip
+    part_ptr,
+    plse_ptr,
+    n_split,
+    H,
+    sink_ptr,
+    o_ptr,
+    o_stride_t,
+    o_stride_h,
+    lse_ptr,
+    DV: tl.constexpr,
+    DV_P2: tl.constexpr,
+    HAS_SINK: tl.constexpr,
+):
     """o[t, h] = sum_s 2**lse_s o_s / (sum_s 2**lse_s + e**sink); lse (base 2, without the sink)."""
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)

@@ -40,8 +40,10 @@ def _model_runner(module):
     module.adjust_config_with_unaligned_cpu_tp = adjust
 
 
-_PATCHES = {"sglang.srt.distributed.parallel_state": _parallel_state,
-            "sglang.srt.model_executor.model_runner": _model_runner}  # fmt: skip
+_PATCHES = {
+    "sglang.srt.distributed.parallel_state": _parallel_state,
+    "sglang.srt.model_executor.model_runner": _model_runner,
+}
 
 
 class _PatchAfterImport(importlib.abc.MetaPathFinder):
