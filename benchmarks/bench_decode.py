@@ -27,6 +27,7 @@ import torch
 import triton
 from sparse_attn_dchunk import DChunk  # this folder (sys.path[0] when run as a script)
 
+from sglang_ernie55.configuration import HCA_COMPRESS_RATIO, SERVING_PAGE_SIZE
 from sglang_ernie55.kernels import layout as L
 from sglang_ernie55.kernels.indexer import indexer_logits, indexer_topk
 from sglang_ernie55.kernels.kv_store import kv_store
@@ -81,12 +82,12 @@ def pad64(n):
 def hca_inputs(kv, B, ctx):
     g = L.hca_geometry(kv)
     gc = L.hca_geometry(kv, page_size=L.HCA_CMP_PER_PAGE)
-    n_cmp = ctx // L.HCA_COMPRESS_RATIO
-    win = fill(g, B * L.PAGE_SIZE, 512)
+    n_cmp = ctx // HCA_COMPRESS_RATIO
+    win = fill(g, B * SERVING_PAGE_SIZE, 512)
     cmp = fill(gc, B * n_cmp, 512)
     # each request: window = the last 128 of its own page (shuffled pages); its own compressed entries
     perm_p = torch.randperm(B, device=DEV)
-    wi = (perm_p[:, None] * L.PAGE_SIZE + 128 + torch.arange(128, device=DEV)[None, :]).to(torch.int32)
+    wi = (perm_p[:, None] * SERVING_PAGE_SIZE + 128 + torch.arange(128, device=DEV)[None, :]).to(torch.int32)
     wl = torch.full((B,), 128, dtype=torch.int32, device=DEV)
     ci = torch.full((B, pad64(n_cmp)), -1, dtype=torch.int32, device=DEV)
     ci[:, :n_cmp] = torch.randperm(B * n_cmp, device=DEV).view(B, n_cmp).to(torch.int32)
@@ -501,7 +502,7 @@ def main():
                     continue
                 g = L.idx_geometry(kv)
                 pool = fill(g, B * ctx, 128)
-                npg = ctx // L.PAGE_SIZE
+                npg = ctx // SERVING_PAGE_SIZE
                 pt = torch.randperm(B * npg, device=DEV).view(B, npg).to(torch.int32)
                 qr = torch.arange(B, dtype=torch.int32, device=DEV)
                 qp = torch.full((B,), ctx - 1, dtype=torch.int32, device=DEV)

@@ -21,9 +21,12 @@ LAYER_HCA = "hca"
 LAYER_MLA_DSA = "mla_dsa"
 LAYER_KINDS = (LAYER_HCA, LAYER_MLA_DSA)
 
-# SGLang serves this model with 256-token pages; a page must hold a whole number of
-# compressed HCA entries (256 / compress_ratio of them).
+# SGLang serves this model with 256-token pages; a page must hold a whole number of compressed HCA
+# entries (SERVING_PAGE_SIZE / compress_ratio of them). The one definition of the page size.
 SERVING_PAGE_SIZE = 256
+# The full model's HCA window and compress ratio (config.json defaults, the kernels' full-size geometry).
+HCA_WINDOW = 128
+HCA_COMPRESS_RATIO = 128
 
 DEFAULT_ROPE_SCALING = {
     "type": "yarn",
@@ -64,8 +67,8 @@ class Ernie55Config(PretrainedConfig):
         # HCA
         head_dim: int = 512,
         qk_rope_head_dim: int = 64,
-        window_size: int = 128,
-        compress_ratio: int = 128,
+        window_size: int = HCA_WINDOW,
+        compress_ratio: int = HCA_COMPRESS_RATIO,
         o_groups: int = 8,
         o_lora_rank: int = 1024,
         # MLA-DSA
@@ -429,8 +432,8 @@ def tiny_config(**overrides: Any) -> Ernie55Config:
         q_lora_rank=192,
         head_dim=128,
         qk_rope_head_dim=64,
-        window_size=128,
-        compress_ratio=128,
+        window_size=HCA_WINDOW,
+        compress_ratio=HCA_COMPRESS_RATIO,
         o_groups=8,
         o_lora_rank=160,
         kv_lora_rank=128,

@@ -14,6 +14,9 @@ from enum import Enum
 from itertools import groupby
 from typing import Any
 
+from .checkpoint.spec import FP8_BLOCK
+from .configuration import SERVING_PAGE_SIZE
+
 
 class Kind(Enum):
     CONFIG = "config registration"
@@ -133,7 +136,7 @@ LEDGER: tuple[Patch, ...] = (
         Kind.MODEL_OVERRIDE,
         "sglang_ernie55.args.overrides:ernie55_overrides",
         ("architecture",),
-        "the model's defaults for both ERNIE-5.5 architectures: `ernie55` backend, page size 256, SWA ratio "
+        f"the model's defaults for both ERNIE-5.5 architectures: `ernie55` backend, page size {SERVING_PAGE_SIZE}, SWA ratio "
         "0.1, KV dtype `auto` -> `fp8_e4m3`",
         PUBLIC_API,
     ),
@@ -210,7 +213,7 @@ LEDGER: tuple[Patch, ...] = (
         Kind.AROUND,
         "sglang_ernie55.layers:around_moe_check",
         ("model_config", "tp_size", "moe_ep_size", "moe_dp_size"),
-        "SGLang refuses an FP8 block-quantized MoE whose expert width is not a multiple of 128; ERNIE-5.5 "
+        f"SGLang refuses an FP8 block-quantized MoE whose expert width is not a multiple of {FP8_BLOCK}; ERNIE-5.5 "
         "dequantizes such experts on load, so nothing block-quantized is left to check",
         "when the check consults the layer's quant method instead of the config",
     ),

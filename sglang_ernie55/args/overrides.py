@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from ..configuration import SERVING_PAGE_SIZE
 from . import rules
 
 logger = logging.getLogger(__name__)
@@ -23,7 +24,7 @@ def ernie55_overrides(server_args: Any, hf_config: Any) -> dict:
     from sglang.srt.arg_groups.model_override_base import resolving_view
 
     cfg = resolving_view(server_args)
-    out: dict[str, Any] = {"attention_backend": rules.ATTENTION_BACKEND, "page_size": rules.PAGE_SIZE}
+    out: dict[str, Any] = {"attention_backend": rules.ATTENTION_BACKEND, "page_size": SERVING_PAGE_SIZE}
     # A platform default may have pinned the split backends (NPU pins all three); keep them consistent.
     for field in ("prefill_attention_backend", "decode_attention_backend"):
         if getattr(cfg, field) is not None:

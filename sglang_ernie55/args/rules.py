@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from typing import NamedTuple
 
-from ..configuration import SERVING_PAGE_SIZE
+from ..configuration import HCA_COMPRESS_RATIO, HCA_WINDOW, SERVING_PAGE_SIZE
 from .errors import Ernie55ArgumentError
 
 logger = logging.getLogger(__name__)
@@ -19,7 +19,6 @@ logger = logging.getLogger(__name__)
 # ---------------------------------------------------------------------------------------------- defaults
 ATTENTION_BACKEND = "ernie55"
 ATTENTION_BACKEND_FLAGS = ("--attention-backend", "--prefill-attention-backend", "--decode-attention-backend")
-PAGE_SIZE = SERVING_PAGE_SIZE  # 256
 SWA_FULL_TOKENS_RATIO = 0.1
 
 # ---------------------------------------------------------------------------------------------- KV dtype
@@ -61,7 +60,7 @@ def check_attention_backend(flag: str, value: str | None) -> None:
         flag,
         value,
         ATTENTION_BACKEND,
-        "ERNIE-5.5 interleaves HCA layers (a 128-token window plus 1/128-compressed blocks and an "
+        f"ERNIE-5.5 interleaves HCA layers (a {HCA_WINDOW}-token window plus 1/{HCA_COMPRESS_RATIO}-compressed blocks and an "
         "attention sink) with MLA-DSA layers (sparse top-k over a latent cache); only the `ernie55` "
         "backend implements both over this model's KV pools, generic backends would compute another attention.",
         f"Drop {flag}: the model selects `ernie55` by itself.",
@@ -69,15 +68,15 @@ def check_attention_backend(flag: str, value: str | None) -> None:
 
 
 def check_page_size(value: int | None) -> None:
-    if value is None or value == PAGE_SIZE:
+    if value is None or value == SERVING_PAGE_SIZE:
         return
     raise Ernie55ArgumentError(
         "--page-size",
         value,
-        PAGE_SIZE,
-        f"ERNIE-5.5's KV pools are paged at {PAGE_SIZE} tokens so that a page holds whole 128-token "
+        SERVING_PAGE_SIZE,
+        f"ERNIE-5.5's KV pools are paged at {SERVING_PAGE_SIZE} tokens so that a page holds whole {HCA_COMPRESS_RATIO}-token "
         "compressed HCA blocks and whole sliding windows; the `ernie55` backend and pools assume it.",
-        "Drop --page-size: the model sets 256 by itself.",
+        f"Drop --page-size: the model sets {SERVING_PAGE_SIZE} by itself.",
     )
 
 
@@ -399,7 +398,7 @@ ERNIE55_FLAG_RULES: tuple[FlagRule, ...] = (
         "`--attention-backend` (and `--prefill-`, `--decode-`, `--speculative-draft-attention-backend`)",
         "default `ernie55`; any other value: error",
     ),
-    FlagRule("`--page-size`", "default 256; any other value: error"),
+    FlagRule("`--page-size`", f"default {SERVING_PAGE_SIZE}; any other value: error"),
     FlagRule(
         "`--swa-full-tokens-ratio`",
         "default 0.1; a given value is kept (SGLang checks (0, 1]); sizes the SWA pool of the HCA window "

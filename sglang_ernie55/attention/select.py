@@ -61,10 +61,10 @@ def triton_unfit(kind: str, cfg, pool, layer_id: int) -> str:
         return "the pool holds dense fp32 rows (exactness tests only); the kernels read the packed layouts"
     if torch.device(pool.device).type != "cuda" and not _interpreting():
         return "no CUDA device (TRITON_INTERPRET=1 runs the kernels in Triton's CPU interpreter)"
-    from ..kernels.layout import PAGE_SIZE
+    from ..configuration import SERVING_PAGE_SIZE
 
-    if pool.page_size != PAGE_SIZE:
-        return f"page size {pool.page_size} (the index-row builders assume {PAGE_SIZE})"
+    if pool.page_size != SERVING_PAGE_SIZE:
+        return f"page size {pool.page_size} (the index-row builders assume {SERVING_PAGE_SIZE})"
     from ..kernels._pool import pool_args
 
     for g in _geometries(kind, pool, layer_id):

@@ -22,9 +22,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from .spec import FP8_BLOCK, FP8_DTYPE, SCALE_SUFFIX
-
-FP8_MAX = float(torch.finfo(FP8_DTYPE).max)  # 448.0
+from .spec import FP8_BLOCK, FP8_DTYPE, FP8_MAX, SCALE_SUFFIX
 
 
 def _check_2d(name: str, t: torch.Tensor) -> None:

@@ -36,6 +36,7 @@ FORMATS = (FORMAT_BF16, FORMAT_FP8)
 
 FP8_BLOCK = 128
 FP8_DTYPE = torch.float8_e4m3fn
+FP8_MAX = float(torch.finfo(FP8_DTYPE).max)  # 448.0, for weights and the fp8 KV layouts
 SCALE_SUFFIX = "_scale_inv"
 
 FP8_QUANTIZATION_CONFIG = {

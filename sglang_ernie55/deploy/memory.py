@@ -45,6 +45,7 @@ import math
 from typing import Any
 
 from ..checkpoint.spec import KIND_BF16, KIND_FP32, expected_tensors, scale_shape
+from ..configuration import SERVING_PAGE_SIZE
 from .cells import GPUS, Cell, Gpu
 
 GB = 1e9
@@ -387,7 +388,7 @@ def plan(cfg, layout: Layout) -> Plan:
                 f"{max_tokens * L.attn_cp // per_rank:,} tokens at once; only {at_full} can hold the full "
                 f"{L.context_length:,} context (SGLang queues or retracts the rest)"
             )
-        page_tokens = 2 * 256  # a decode request's window straddles at most 2 pages of 256
+        page_tokens = 2 * SERVING_PAGE_SIZE  # a decode request's window straddles at most 2 pages
         if swa_tokens < per_rank * page_tokens:
             notes.append(
                 f"the SWA pool ({swa_tokens:,} tokens) holds the window of {swa_tokens // page_tokens} decoding "

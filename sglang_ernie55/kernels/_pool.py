@@ -9,7 +9,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .layout import FP8_DTYPE, Geometry, KVLayout
+from ..checkpoint.spec import FP8_DTYPE
+from .layout import Geometry, KVLayout
 
 MIN_DOT_WIDTH = 16  # the smallest K / N of a tl.dot operand on the GPU
 

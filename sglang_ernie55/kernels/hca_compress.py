@@ -28,15 +28,16 @@ from __future__ import annotations
 import torch
 import triton
 
+from ..configuration import SERVING_PAGE_SIZE
 from ._pool import check, check_pool, pool_args, pool_views
 from ._triton.hca_compress import hca_compress_kernel, hca_state_update_kernel
-from .layout import PAGE_SIZE, Geometry, KVLayout
+from .layout import Geometry, KVLayout
 
 
 def _check_ratio(ratio: int) -> None:
     check(
-        isinstance(ratio, int) and 1 <= ratio <= PAGE_SIZE and PAGE_SIZE % ratio == 0,
-        f"compress ratio: a divisor of the page size {PAGE_SIZE}, got {ratio}",
+        isinstance(ratio, int) and 1 <= ratio <= SERVING_PAGE_SIZE and SERVING_PAGE_SIZE % ratio == 0,
+        f"compress ratio: a divisor of the page size {SERVING_PAGE_SIZE}, got {ratio}",
     )
 
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import torch
 
+from ..configuration import HCA_COMPRESS_RATIO, HCA_WINDOW, SERVING_PAGE_SIZE
 from ._pool import check
-from .layout import HCA_COMPRESS_RATIO, HCA_WINDOW, PAGE_SIZE
 
 
 def hca_indices(
@@ -25,7 +25,7 @@ def hca_indices(
     cmp_width: int,
     window: int = HCA_WINDOW,
     ratio: int = HCA_COMPRESS_RATIO,
-    page_size: int = PAGE_SIZE,
+    page_size: int = SERVING_PAGE_SIZE,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """win_pages / cmp_pages int32 [B, pages]; q_req, q_pos int [T]; cmp_width: static row width
     (>= max (p + 1) // ratio, a multiple of 64 for FlashMLA); window / ratio: the layer's window_size /

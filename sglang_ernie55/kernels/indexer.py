@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 import triton
 
+from ..configuration import SERVING_PAGE_SIZE
 from ._pool import check, check_pool, dot_dtype, pool_args, pool_views
 from ._triton.indexer import indexer_logits_kernel
 from .layout import Geometry, KVLayout
@@ -120,7 +121,7 @@ def indexer_topk(
     topk: int,
     page_table: torch.Tensor | None = None,
     q_req: torch.Tensor | None = None,
-    page_size: int = 256,
+    page_size: int = SERVING_PAGE_SIZE,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Top-k positions per query (exact: ties to the earlier position) and their count.
 

@@ -50,10 +50,10 @@ import enum
 
 import torch
 
-PAGE_SIZE = 256
-HCA_COMPRESS_RATIO = 128
-HCA_WINDOW = 128
-HCA_CMP_PER_PAGE = PAGE_SIZE // HCA_COMPRESS_RATIO  # 2
+from ..checkpoint.spec import FP8_DTYPE
+from ..configuration import HCA_COMPRESS_RATIO, SERVING_PAGE_SIZE
+
+HCA_CMP_PER_PAGE = SERVING_PAGE_SIZE // HCA_COMPRESS_RATIO  # 2
 
 # HCA (full size)
 HCA_HEAD_DIM = 512
@@ -67,9 +67,7 @@ MLA_FP8_TILE = 128
 # Lightning indexer key (full size)
 IDX_HEAD_DIM = 128
 
-FP8_MAX = 448.0
 FP8_AMAX_EPS = 1e-8
-FP8_DTYPE = torch.float8_e4m3fn
 
 
 class KVLayout(enum.StrEnum):
@@ -128,7 +126,7 @@ def _ceil_to(x: int, m: int) -> int:
 
 
 def hca_geometry(
-    kv_dtype: str, dim: int = HCA_HEAD_DIM, rope: int = HCA_ROPE_DIM, page_size: int = PAGE_SIZE
+    kv_dtype: str, dim: int = HCA_HEAD_DIM, rope: int = HCA_ROPE_DIM, page_size: int = SERVING_PAGE_SIZE
 ):
     """HCA window / compressed pool geometry. ``page_size`` 256 for the window pool, 2 for the compressed."""
     if kv_dtype in ("fp8", "fp8_e4m3"):
@@ -153,7 +151,7 @@ def hca_geometry(
 
 
 def mla_geometry(
-    kv_dtype: str, dim: int = MLA_LATENT_DIM, rope: int = MLA_ROPE_DIM, page_size: int = PAGE_SIZE
+    kv_dtype: str, dim: int = MLA_LATENT_DIM, rope: int = MLA_ROPE_DIM, page_size: int = SERVING_PAGE_SIZE
 ):
     """MLA-DSA latent + rope pool geometry (``dim`` = latent width)."""
     if kv_dtype in ("fp8", "fp8_e4m3"):
@@ -167,7 +165,7 @@ def mla_geometry(
     return Geometry(KVLayout.MLA_BF16, dim, rope, page_size, bpt, bpt, 0, 0, page_size * bpt, dim)
 
 
-def idx_geometry(kv_dtype: str, dim: int = IDX_HEAD_DIM, page_size: int = PAGE_SIZE):
+def idx_geometry(kv_dtype: str, dim: int = IDX_HEAD_DIM, page_size: int = SERVING_PAGE_SIZE):
     """Lightning-indexer key pool geometry (follows the KV dtype)."""
     if kv_dtype in ("fp8", "fp8_e4m3"):
         return Geometry(

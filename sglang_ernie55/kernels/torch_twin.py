@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import torch
 
-from .layout import FP8_AMAX_EPS, FP8_DTYPE, FP8_MAX, Geometry, KVLayout
+from ..checkpoint.spec import FP8_DTYPE, FP8_MAX
+from .layout import FP8_AMAX_EPS, Geometry, KVLayout
 
 # ----------------------------------------------------------------------------- fp8 tiles
 

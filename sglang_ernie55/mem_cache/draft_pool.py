@@ -21,11 +21,12 @@ from __future__ import annotations
 import torch
 from sglang.srt.mem_cache.memory_pool import KVCache
 
+from ..configuration import SERVING_PAGE_SIZE
 from .pool import OwnRowsKVSurface, SWAWindowAddressing, is_fp8, rows_of
 from .sizing import PoolLayout
 
 
-def echo_bytes_per_token(config, kv_dtype: torch.dtype, page_size: int = 256) -> float:
+def echo_bytes_per_token(config, kv_dtype: torch.dtype, page_size: int = SERVING_PAGE_SIZE) -> float:
     """Draft KV bytes per SWA token, page padding included (what the target's pool configurator reserves for
     ECHO): full size, HCA fp8 585 B (584 B/token + the V4 page padding), bf16 1024 B."""
     return PoolLayout(config, kv_dtype, page_size, echo=True).draft_row

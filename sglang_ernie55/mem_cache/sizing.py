@@ -13,7 +13,7 @@ import logging
 
 import torch
 
-from ..configuration import LAYER_HCA
+from ..configuration import LAYER_HCA, SERVING_PAGE_SIZE
 from ..kernels.layout import (
     HCA_STATE_BLOCKS,
     HCA_STATE_BLOCKS_SPEC,
@@ -82,7 +82,12 @@ class PoolLayout:
     ECHO draft or not), and their bytes per token for the planner."""
 
     def __init__(
-        self, config, kv_dtype, page_size: int = 256, state_blocks: int = HCA_STATE_BLOCKS, echo: bool = False
+        self,
+        config,
+        kv_dtype,
+        page_size: int = SERVING_PAGE_SIZE,
+        state_blocks: int = HCA_STATE_BLOCKS,
+        echo: bool = False,
     ):
         if state_blocks not in (HCA_STATE_BLOCKS, HCA_STATE_BLOCKS_SPEC):
             raise ValueError(
@@ -239,7 +244,9 @@ def state_blocks_for(spec_algorithm) -> int:
     return HCA_STATE_BLOCKS_SPEC if speculative else HCA_STATE_BLOCKS
 
 
-def kv_bytes(config, kv_dtype, page_size: int = 256, echo: bool = False, state_blocks: int = 1) -> PoolLayout:
+def kv_bytes(
+    config, kv_dtype, page_size: int = SERVING_PAGE_SIZE, echo: bool = False, state_blocks: int = 1
+) -> PoolLayout:
     """The pools' layout at this config (the planner's and the configurator's bytes per token)."""
     return PoolLayout(config, kv_dtype, page_size, state_blocks, echo)
 
@@ -338,7 +345,7 @@ def _make_configurator():
                 context_len=kvc.model_config.context_len + get_req_to_token_extra_context_len(),
                 extra_req_slots=(disagg.disaggregation_decode_extra_slots or 0) if decode else 0,
                 hybrid=self.hybrid,
-                page_size=256,
+                page_size=SERVING_PAGE_SIZE,
             )
 
         def _swa(self, full: int, page_size: int) -> int | None:

@@ -11,11 +11,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from sglang_ernie55.configuration import ARCH_ECHO, tiny_config  # noqa: E402
+from sglang_ernie55.configuration import ARCH_ECHO, SERVING_PAGE_SIZE, tiny_config  # noqa: E402
 from sglang_ernie55.reference import echo as refecho  # noqa: E402
 from tests.serving import twin_harness as th
 
-PAGE = 256
+PAGE = SERVING_PAGE_SIZE
 
 
 def _cfg(last: str):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from sglang_ernie55.kernels import layout as L
+from sglang_ernie55.configuration import HCA_COMPRESS_RATIO, HCA_WINDOW, SERVING_PAGE_SIZE
 from sglang_ernie55.kernels import torch_twin as R
 from sglang_ernie55.kernels.kv_store import kv_store
 from sglang_ernie55.reference import rope
@@ -47,11 +47,11 @@ class PagedRequests:
     def __init__(
         self,
         seq_lens,
-        page_size=L.PAGE_SIZE,
+        page_size=SERVING_PAGE_SIZE,
         extra_pages=3,
         seed=0,
-        window=L.HCA_WINDOW,
-        ratio=L.HCA_COMPRESS_RATIO,
+        window=HCA_WINDOW,
+        ratio=HCA_COMPRESS_RATIO,
     ):
         g = torch.Generator().manual_seed(seed)
         self.seq_lens = list(seq_lens)

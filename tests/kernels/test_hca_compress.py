@@ -6,6 +6,7 @@ than 128 and head / rope widths that are not powers of two (held padded inside t
 import pytest
 import torch
 
+from sglang_ernie55.configuration import HCA_COMPRESS_RATIO, SERVING_PAGE_SIZE
 from sglang_ernie55.kernels import layout as L
 from sglang_ernie55.kernels import torch_twin
 from sglang_ernie55.kernels.hca_compress import hca_compress_store, hca_state_update, plan_compress_jobs
@@ -26,10 +27,10 @@ class _Harness:
     """B requests (state slot B+1-r, compressed slot r * max_blocks + j), one fresh random layer of compress
     ratio `ratio` (its compressed pool holds 256 / ratio entries per page, its state ring blocks * ratio rows)."""
 
-    def __init__(self, kv, B, max_len, blocks, dim=512, rope=64, eps=1e-6, ratio=L.HCA_COMPRESS_RATIO):
+    def __init__(self, kv, B, max_len, blocks, dim=512, rope=64, eps=1e-6, ratio=HCA_COMPRESS_RATIO):
         torch.manual_seed(0)
         self.kv, self.dim, self.rope, self.eps, self.ratio = kv, dim, rope, eps, ratio
-        per_page = L.PAGE_SIZE // ratio
+        per_page = SERVING_PAGE_SIZE // ratio
         self.g = L.hca_geometry(kv, dim=dim, rope=rope, page_size=per_page)
         self.max_blocks = max_len // ratio + 1
         num_pages = -(-B * self.max_blocks // per_page) + 1
@@ -124,7 +125,7 @@ def _tol(kv):
     return 0.04 if kv == "fp8" else 4e-3
 
 
-def _run(kv, seq_lens, chunks, blocks=1, dim=512, rope=64, ratio=L.HCA_COMPRESS_RATIO):
+def _run(kv, seq_lens, chunks, blocks=1, dim=512, rope=64, ratio=HCA_COMPRESS_RATIO):
     """Feeds each request's tokens in the given chunk sizes (a chunk of 1 = a decode step), all requests
     batched together per step; then compares every compressed entry with the whole-sequence reference."""
     B = len(seq_lens)
@@ -165,7 +166,7 @@ SCHEDULES = [
 ]
 
 
-def _spec_run(kv, blocks, dim=128, rope=64, check_state=True, twin=True, ratio=L.HCA_COMPRESS_RATIO):
+def _spec_run(kv, blocks, dim=128, rope=64, check_state=True, twin=True, ratio=HCA_COMPRESS_RATIO):
     h = _Harness(kv, len(SCHEDULES), 400, blocks, dim, rope, ratio=ratio)
     g = torch.Generator().manual_seed(1)
     committed = [torch.randn(p, 2 * dim, generator=g) for p, _ in SCHEDULES]

@@ -4,6 +4,7 @@ are not powers of two (held padded in the kernel, the padding masked) at the geo
 import pytest
 import torch
 
+from sglang_ernie55.configuration import SERVING_PAGE_SIZE
 from sglang_ernie55.kernels import layout as L
 from sglang_ernie55.kernels import torch_twin as R
 from sglang_ernie55.kernels.kv_store import kv_store
@@ -28,7 +29,7 @@ ODD = {
     "hca_bf16_d96_r32": (lambda: L.hca_geometry("bf16", 96, 32), 96),
     "hca_bf16_d112_r32": (lambda: L.hca_geometry("bf16", 112, 32), 112),
     "hca_fp8_d192_r64": (lambda: L.hca_geometry("fp8", 192, 64), 192),
-    "hca_fp8_d96_cmp_c32": (lambda: L.hca_geometry("fp8", 96, 32, page_size=L.PAGE_SIZE // 32), 96),
+    "hca_fp8_d96_cmp_c32": (lambda: L.hca_geometry("fp8", 96, 32, page_size=SERVING_PAGE_SIZE // 32), 96),
     "mla_bf16_r96_32": (lambda: L.mla_geometry("bf16", 96, 32), 128),
     "mla_fp8_r384_24": (lambda: L.mla_geometry("fp8", 384, 24), 408),
     "idx_fp8_48": (lambda: L.idx_geometry("fp8", 48), 48),

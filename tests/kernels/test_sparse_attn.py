@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from benchmarks.sparse_attn_dchunk import DChunk
+from sglang_ernie55.configuration import HCA_COMPRESS_RATIO, HCA_WINDOW
 from sglang_ernie55.kernels import layout as L
 from sglang_ernie55.kernels import torch_twin
 from sglang_ernie55.kernels.sparse_attn import Scope, flashmla_sparse_attention, sparse_mqa_attention
@@ -26,8 +27,8 @@ def _hca_case(
     dim=512,
     rope=64,
     check_mask_ref=False,
-    window=L.HCA_WINDOW,
-    ratio=L.HCA_COMPRESS_RATIO,
+    window=HCA_WINDOW,
+    ratio=HCA_COMPRESS_RATIO,
     **kw,
 ):
     torch.manual_seed(0)

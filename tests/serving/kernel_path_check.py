@@ -26,9 +26,10 @@ from types import SimpleNamespace
 
 import torch
 
+from sglang_ernie55.configuration import SERVING_PAGE_SIZE
 from tests.serving import twin_harness as th
 
-PAGE = 256
+PAGE = SERVING_PAGE_SIZE
 
 
 # attention layer kinds of the geometry-matrix rows this check runs (tests/serving/geometries.py): the row's

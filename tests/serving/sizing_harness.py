@@ -10,7 +10,9 @@ from types import SimpleNamespace
 
 import torch
 
-PAGE = 256
+from sglang_ernie55.configuration import SERVING_PAGE_SIZE
+
+PAGE = SERVING_PAGE_SIZE
 
 
 @dataclass

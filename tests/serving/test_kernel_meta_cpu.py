@@ -13,11 +13,14 @@ import pytest
 import torch
 
 from sglang_ernie55.attention import kernel_path as kp  # noqa: E402
-from sglang_ernie55.configuration import tiny_config  # noqa: E402
+from sglang_ernie55.configuration import (
+    SERVING_PAGE_SIZE,
+    tiny_config,  # noqa: E402
+)
 from tests.serving import twin_harness as th
 from tests.serving.geometries import BY_NAME, VARIANTS
 
-PAGE = 256
+PAGE = SERVING_PAGE_SIZE
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sglang_ernie55.configuration import Ernie55Config, tiny_config
+from sglang_ernie55.configuration import SERVING_PAGE_SIZE, Ernie55Config, tiny_config
 from sglang_ernie55.kernels.layout import hca_geometry, idx_geometry, mla_geometry
 from sglang_ernie55.mem_cache.pool import Ernie55TokenToKVPool, PackedRows
 from sglang_ernie55.mem_cache.sizing import (
@@ -19,7 +19,7 @@ from sglang_ernie55.mem_cache.sizing import (
 )
 from tests.serving import sizing_harness as sh
 
-PAGE = 256
+PAGE = SERVING_PAGE_SIZE
 
 
 def test_full_size_bytes_per_token():

@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from sglang_ernie55.attention import torch_path as tp
-from sglang_ernie55.configuration import tiny_config
+from sglang_ernie55.configuration import SERVING_PAGE_SIZE, tiny_config
 from sglang_ernie55.mem_cache.pool import Ernie55TokenToKVPool
 from sglang_ernie55.reference import functional as Fn
 
-PAGE = 256
+PAGE = SERVING_PAGE_SIZE
 
 
 class _Compressor:

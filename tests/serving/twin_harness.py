@@ -12,6 +12,8 @@ from types import SimpleNamespace
 
 import torch
 
+from sglang_ernie55.configuration import SERVING_PAGE_SIZE
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -175,7 +177,7 @@ class Session:
         from sglang_ernie55.attention.backend import Ernie55AttnBackend
         from sglang_ernie55.mem_cache.pool import Ernie55TokenToKVPool
 
-        self.model, self.cfg, self.page, self.device = model, cfg, 256, device
+        self.model, self.cfg, self.page, self.device = model, cfg, SERVING_PAGE_SIZE, device
         size = num_pages * self.page
         swa = None if swa_pages is None else swa_pages * self.page
         self.pool = Ernie55TokenToKVPool(

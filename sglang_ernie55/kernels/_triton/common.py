@@ -16,9 +16,17 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from ...checkpoint.spec import FP8_MAX
+from ..layout import FP8_AMAX_EPS
+
 KIND_BF16 = 0
 KIND_FP8_UE8M0 = 1
 KIND_FP8_F32 = 2
+
+E4M3_MAX = tl.constexpr(FP8_MAX)
+AMAX_EPS = tl.constexpr(FP8_AMAX_EPS)
+# pow2_exponent's bit trick reads 448 as 1.75 * 2**8
+assert FP8_MAX == 1.75 * 2**8
 
 
 @triton.jit
@@ -204,10 +212,10 @@ def encode_store(
         t = tl.arange(0, NT)
         is_q = d < NOPE
         x3 = tl.reshape(x, (NT, TILE))
-        amax = tl.maximum(tl.max(tl.abs(x3), axis=1), 1e-8)
+        amax = tl.maximum(tl.max(tl.abs(x3), axis=1), AMAX_EPS)
         e = pow2_exponent(amax)
         q = tl.reshape(x3 * pow2_float(-e)[:, None], (MAIN_P,))
-        r = round_e4m3(tl.minimum(tl.maximum(q, -448.0), 448.0))
+        r = round_e4m3(tl.minimum(tl.maximum(q, -E4M3_MAX), E4M3_MAX))
         tl.store(u8_ptr + row + d, e4m3_bits(r, q), mask=is_q)
         if NOPE < MAIN:
             tl.store(
