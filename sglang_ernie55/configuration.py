@@ -1,7 +1,7 @@
 """`Ernie55Config`: the config.json schema of ERNIE-5.5-Flash (model_type `ernie5_5_moe`).
 
-Every field of ../shared/ARCHITECTURE.md with its full-size default. `check_fields()` runs on
-construction and raises `Ernie55ConfigError` naming the field and the rule it breaks.
+Every field with its full-size default. `check_fields()` runs on construction and raises
+`Ernie55ConfigError` naming the field and the rule it breaks.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ class Ernie55ConfigError(ValueError):
 
 
 def default_layer_types(num_hidden_layers: int) -> list[str]:
-    """Convention 13: `mla_dsa` where i % 7 == 3, `hca` elsewhere."""
+    """`mla_dsa` where i % 7 == 3, `hca` elsewhere (the full model: 6 MLA-DSA and 37 HCA layers)."""
     return [LAYER_MLA_DSA if i % 7 == 3 else LAYER_HCA for i in range(num_hidden_layers)]
 
 
@@ -160,10 +160,8 @@ class Ernie55Config(PretrainedConfig):
     def mla_dsa_layer_ids(self) -> list[int]:
         return [i for i, t in enumerate(self.layer_types) if t == LAYER_MLA_DSA]
 
-    # SGLang's hybrid-SWA opt-in (sglang/srt/configs/model_config.py `is_hybrid_swa_model` and the generic
-    # `hybrid_layer_pattern` branch of `get_hybrid_layer_ids`): the HCA layers' raw window lives in SGLang's
-    # SWA pool (1 = SWA layer), MLA-DSA layers keep every token in the full pool (0). Derived from
-    # `layer_types`, never stored in config.json. `--disable-hybrid-swa-memory` turns the SWA pool off.
+    # SGLang's hybrid-SWA opt-in (`is_hybrid_swa_model`, `get_hybrid_layer_ids`): the HCA layers' window
+    # lives in the SWA pool (1), MLA-DSA layers keep every token in the full pool (0). Not in config.json.
     @property
     def is_hybrid_swa(self) -> bool:
         return LAYER_HCA in self.layer_types
@@ -290,10 +288,8 @@ class Ernie55Config(PretrainedConfig):
 
     # ------------------------------------------------------------------ parameter arithmetic
     def parameter_counts(self) -> dict[str, int]:
-        """Exact parameter counts from the config alone: total, active per token (top-k routed experts +
-        shared + everything dense, lm_head and embedding included) and the ECHO extra. Summed over the
-        checkpoint's tensor list (`checkpoint.spec.parameter_counts`), so the arithmetic and the tensors a
-        checkpoint holds are one fact."""
+        """Exact parameter counts: total, active per token (top-k routed + shared experts + everything
+        dense, lm_head and embedding included) and the ECHO extra; a sum over `checkpoint.spec`'s tensors."""
         from .checkpoint.spec import parameter_counts
 
         return parameter_counts(self)
@@ -385,18 +381,14 @@ class Ernie55Config(PretrainedConfig):
         return out
 
 
-# Widths SGLang's CPU model runner pads in the served config (`adjust_config_with_unaligned_cpu_tp` ->
-# `update_intermediate_size`: up to a multiple of tp * 32, or of tp * the FP8 block size), keeping the value
-# config.json gave as `original_<name>`. Its layers are then built at the padded width and its weight
-# loaders copy the checkpoint tensor into the leading part, zeroing the rest (SwiGLU of zero rows and
-# columns adds nothing), so the checkpoint itself keeps the unpadded width.
+# Widths SGLang's CPU model runner pads in the served config (`update_intermediate_size`), keeping
+# config.json's value as `original_<name>`; the loaders zero the padding (SwiGLU of zeros adds nothing).
 SGLANG_PADDED_WIDTHS = ("moe_intermediate_size", "intermediate_size", "shared_expert_intermediate_size")
 
 
 def checkpoint_config(config: Ernie55Config) -> Ernie55Config:
-    """The geometry the checkpoint was written in: `config` itself, or, when SGLang padded widths of the
-    served config (`SGLANG_PADDED_WIDTHS`), a copy with config.json's values put back. Tensor shapes of a
-    checkpoint are checked against this, never against the padded parameters."""
+    """The geometry the checkpoint was written in: `config`, or a copy with config.json's values of the
+    `SGLANG_PADDED_WIDTHS` put back. Checkpoint tensor shapes are checked against this."""
     restored = {
         name: getattr(config, f"original_{name}")
         for name in SGLANG_PADDED_WIDTHS
@@ -414,12 +406,10 @@ def checkpoint_config(config: Ernie55Config) -> Ernie55Config:
 def tiny_config(**overrides: Any) -> Ernie55Config:
     """The tiny test geometry: every feature of the full model at small width.
 
-    - 4 layers: dense layer 0, an MLA-DSA layer, HCA elsewhere; the last layer (ECHO's) is HCA, as in the
-      full model (layer 42). Window 128 and compress ratio 128 as in the full model, so page / block /
-      window boundaries sit where they will in serving.
-    - index_topk 64 < typical prompt lengths, so the DSA top-k really selects.
-    - Several Linear shapes are not multiples of 128 (q_lora 192, kv_a 128+64, o_lora 160), so FP8
-      128x128 block scales have ragged edges as well as whole blocks.
+    4 layers (dense layer 0, one MLA-DSA layer, HCA elsewhere, the last (ECHO's) HCA); the full model's
+    window and compress ratio, so page / block / window boundaries sit where they do in serving;
+    index_topk 64, so DSA really selects; q_lora 192, kv_a 128+64, o_lora 160, so FP8 block scales have
+    ragged edges as well as whole blocks.
     """
     cfg: dict[str, Any] = dict(
         vocab_size=512,

@@ -1,14 +1,5 @@
-"""Every environment variable this package reads, in one place.
-
-| variable | default | meaning |
-| --- | --- | --- |
-| `SGLANG_PLUGINS` | unset | SGLang's own whitelist of general plugins; `ernie55` must be in it when it is set |
-| `SGLANG_ERNIE55_SKIP_VERSION_CHECK` | `0` | `1` lets the plugin load on an SGLang other than the pinned one (unsupported) |
-| `SGLANG_ERNIE55_ALLOW_PARSERS` | `0` | `1` lets `--reasoning-parser` / `--tool-call-parser` through on the Base model |
-| `SGLANG_ERNIE55_ECHO_DUMP_DIR` | unset | tests only: the ECHO draft dumps its inputs / logits there (tests/echo) |
-| `SGLANG_ERNIE55_ATTN_IMPL` | `auto` | compute of the `ernie55` backend: `auto` (FlashMLA where its geometry fits and it imports, else the Triton kernels on CUDA, the torch twin on CPU), `torch`, `triton`, `flashmla` (forced; an error names the layer kind and why when it cannot serve) |
-| `SGLANG_ERNIE55_LAYER_IMPL` | `auto` | compute of the model's per-layer work outside attention (mHC sites and hc_head, MoE routing, fp32 RMSNorms, RoPE; `sglang_ernie55.layers.impl`): `auto` (the Triton kernels on CUDA tensors, torch on CPU tensors), `torch` (the reference math everywhere), `triton` (forced: CUDA, or Triton's CPU interpreter under `TRITON_INTERPRET=1`; an error otherwise). Decided per call from the tensor's device |
-"""
+"""Every environment variable this package reads, in one place (the table: docs/server-args.md,
+"Environment variables")."""
 
 from __future__ import annotations
 
@@ -21,14 +12,17 @@ def _flag(name: str) -> bool:
 
 
 def skip_version_check() -> bool:
+    """`SGLANG_ERNIE55_SKIP_VERSION_CHECK=1`: load on an SGLang other than the pinned one (unsupported)."""
     return _flag("SGLANG_ERNIE55_SKIP_VERSION_CHECK")
 
 
 def allow_parsers() -> bool:
+    """`SGLANG_ERNIE55_ALLOW_PARSERS=1`: let `--reasoning-parser` / `--tool-call-parser` through on the Base model."""
     return _flag("SGLANG_ERNIE55_ALLOW_PARSERS")
 
 
 def sglang_plugins_whitelist() -> set[str] | None:
+    """SGLang's own `SGLANG_PLUGINS` whitelist; `ernie55` must be in it when it is set."""
     raw = os.environ.get("SGLANG_PLUGINS", "")
     names = {x.strip() for x in raw.split(",") if x.strip()}
     return names or None

@@ -1,9 +1,7 @@
 """The SGLang plugin: entry point `sglang.srt.plugins` -> `ernie55` -> `register()`.
 
-SGLang calls `register()` in every process it starts (launcher, scheduler, detokenizer, DP controller)
-before it parses arguments. It checks the SGLang version and every symbol the patch ledger names
-(`compat`), then applies the ledger (`patches`: config and models, server-argument rules, the `ernie55`
-backend, pools, ECHO wiring). Once per process; later calls return at once.
+SGLang calls `register()` in every process it starts, before it parses arguments: it checks the SGLang
+version and every symbol the patch ledger names (`compat`), then applies the ledger (`patches`), once.
 """
 
 from __future__ import annotations

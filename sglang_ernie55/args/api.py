@@ -1,10 +1,8 @@
 """`resolve_server_args(argv)`: SGLang's own argument resolution, with this plugin registered.
 
-Public and stable: the launch-command generator uses it to prove that every hardware cell's command
-is legal. It runs exactly what `sglang serve` runs before it touches a GPU: plugin loading,
-`prepare_server_args(argv)` (argparse) and `ServerArgs.resolve_once()` (the resolution pipeline,
-with the model overrides and resolution hooks of `sglang_ernie55.args`). Read the decided values with
-`server_args.resolved_dict()`; the raw fields keep what the user typed.
+It runs what `sglang serve` runs before it touches a GPU (plugins, `prepare_server_args`, `resolve_once`),
+so the launch-command generator can prove every hardware cell's command legal. Read the decided values
+with `server_args.resolved_dict()`; the raw fields keep what the user typed.
 """
 
 from __future__ import annotations

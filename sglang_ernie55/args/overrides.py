@@ -1,10 +1,8 @@
 """The model's defaults, declared through SGLang's model-override registry.
 
-Registered for both ERNIE-5.5 architectures by the patch ledger (patches.py). SGLang's
-`register_model_override(arch)` providers run inside `handle_model_specific_adjustments`, after the
-platform defaults (so on `--device cpu` our `ernie55` replaces the CPU default `torch_native`) and
-before `_page_size_default`. They declare; they never mutate server_args. User-given values that
-break a rule were already rejected by `resolution.py` (it validates before this step runs).
+SGLang runs the providers inside `handle_model_specific_adjustments`, after the platform defaults (so on
+`--device cpu` our `ernie55` replaces `torch_native`) and before `_page_size_default`. They declare and
+never mutate server_args; user-given values that break a rule were already refused by `resolution.py`.
 """
 
 from __future__ import annotations

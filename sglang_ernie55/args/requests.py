@@ -1,15 +1,8 @@
 """Request-time rules of the OpenAI endpoints, for ERNIE-5.5 servers only.
 
-SGLang 0.5.23 serves a `/v1/completions` request whatever its `model` field says (only
-`/v1/models/{model}` checks the name), and under PD disaggregation a request with `n > 1` hangs: its
-sub-requests share one bootstrap room. Both are caught up front by an AROUND hook on the endpoint's
-`_validate_request` (HookRegistry; its rows in patches.py), which falls through unchanged for
-other architectures:
-
-- `model` given and not the served name (nor `<served name>:<LoRA adapter>`): HTTP 404
-  `model_not_found`, as `/v1/models/{model}` and vLLM answer. A request without `model` is served
-  (SGLang's default name), as before.
-- `n > 1` while `--disaggregation-mode` is prefill or decode: HTTP 400 saying why.
+An AROUND hook on the endpoint's `_validate_request` answers a `model` that is not the served name with a
+404 (SGLang serves any name) and `n > 1` under PD disaggregation with a 400 (the samples would share one
+bootstrap room and hang); other architectures fall through unchanged.
 """
 
 from __future__ import annotations
@@ -40,7 +33,8 @@ def pd_parallel_sampling_error(n: int | None, pd_mode: str) -> str | None:
 
 
 def model_name_error(handler: Any, request: Any) -> str | None:
-    """The 404 message when the request names a model this server does not serve, else None."""
+    """The 404 message when the request names a model this server does not serve (neither the served name
+    nor `<served name>:<LoRA adapter>`), else None. A request without `model` is served."""
     if "model" not in getattr(request, "model_fields_set", {"model"}):
         return None
     served = handler.tokenizer_manager.served_model_name

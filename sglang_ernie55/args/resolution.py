@@ -1,19 +1,8 @@
 """Validation of user-given server arguments, as wrappers of SGLang's named resolution steps.
 
-The patch ledger (patches.py) registers each wrapper on a whitelisted step of `run_resolution_pipeline`
-(`register_resolution_hook(step)`), at the step's own position. Each does nothing for other
-architectures and calls the step unchanged (`previous(server_args)`). Values are read through
-`resolving_view` (what the user gave plus what SGLang decided so far); "user-given" checks read the raw
-field, which keeps what the user typed.
-
-| step wrapped | rules checked (rules.py) | when |
-| --- | --- | --- |
-| handle_model_specific_adjustments | attention backends, page size, KV dtypes (fp8_e4m3 vs the checkpoint's widths), parsers, --hicache-size | before the step (it applies our model overrides) |
-|                                    | --context-length > 131072 warning | after |
-| handle_data_parallelism            | attention TP = tp / attn_dp / attn_cp divides o_groups | before (the step asserts tp % attn_dp bare) |
-| handle_context_parallelism         | the same, on the final layout | after (prefill CP may rewrite attn_cp_size) |
-| handle_a2a_moe                     | a2a backend none under PP; deepep needs EP >= 4 | before (with ep = tp, as the step sets it) and after (final values) |
-| handle_speculative_decoding        | ECHO: EAGLE/NEXTN, topk 1, steps 1-3, draft tokens = steps + 1; draft path | before the step |
+Each wrapper runs at its step's position, falls through for other architectures and always calls the step.
+Values are read through `resolving_view` (given plus decided so far); "user-given" checks read the raw
+field. Which rules each step checks, before or after it: docs/hooks.md.
 """
 
 from __future__ import annotations
@@ -68,8 +57,7 @@ def model_specific_adjustments(server_args: Any, previous) -> None:
     for flag in rules.ATTENTION_BACKEND_FLAGS + ("--speculative-draft-attention-backend",):
         rules.check_attention_backend(flag, getattr(server_args, flag[2:].replace("-", "_")))
     rules.check_page_size(server_args.page_size)
-    # an fp8_e4m3 asked for by name must fit the checkpoint's widths (the default routes to bfloat16 instead,
-    # in the model override): refused here, before SGLang builds a pool whose layout cannot tile them
+    # an fp8_e4m3 asked for by name must fit the checkpoint's widths (the default becomes bfloat16 instead)
     hf_config = _hf_config(server_args)
     rules.resolve_kv_cache_dtype(cfg.kv_cache_dtype, "--kv-cache-dtype", hf_config)
     if cfg.speculative_draft_kv_cache_dtype is not None:
@@ -91,9 +79,8 @@ def model_specific_adjustments(server_args: Any, previous) -> None:
 
 
 def _prefill_graphs_off(server_args: Any) -> None:
-    """The `ernie55` backend's extend runs on host-side lengths (ragged prefixes, chunked prefill, block
-    compression jobs), which a captured prefill graph would freeze: SGLang's prefill CUDA graph is turned off
-    for this model, as SGLang does for backends its prefill graphs do not fit; asked for by name, refused."""
+    """Prefill CUDA graphs off (refused when asked for by name): the backend's extend runs on host-side
+    lengths (ragged prefixes, chunked prefill, block compression jobs) that a captured graph would freeze."""
     from sglang.srt.arg_groups.model_override_base import resolving_view
     from sglang.srt.arg_groups.overrides import declare_resolution
     from sglang.srt.model_executor.cuda_graph_config import Backend, Phase, with_phase
@@ -136,8 +123,8 @@ def a2a_moe(server_args: Any, previous) -> None:
 
     ernie = ernie_architecture(server_args) is not None
     if ernie:
-        # Before the step, with the EP size the step will set (deepep: ep = tp), so that our message comes
-        # first; after it again on the final values (e.g. --enable-waterfill switches the backend to deepep).
+        # Before the step with the EP it will set (deepep: ep = tp), so our message comes first; after it on
+        # the final values (--enable-waterfill switches the backend to deepep).
         n_experts = int(getattr(_hf_config(server_args), "n_routed_experts", rules.FULL_MODEL_ROUTED_EXPERTS))
         view = resolved_view(server_args)
         ep = view.tp_size if view.moe_a2a_backend == "deepep" else view.ep_size

@@ -1,9 +1,8 @@
 """The server-argument rules of ERNIE-5.5-Flash, as plain functions over values.
 
-Source: the vendor's and both engines' deployment guides (docs/server-args.md, "Deployment facts"). Each
-function takes the values it judges and either returns what this project decides or raises
-`Ernie55ArgumentError` naming the flag, the value, the legal values and why. `resolution.py` feeds them from
-SGLang's resolution pipeline; `ERNIE55_FLAG_RULES` is the user-facing table (docs/server-args.md).
+Each takes the values it judges and returns what this project decides, or raises `Ernie55ArgumentError`
+naming the flag, the value, the legal values and why. Sources: docs/server-args.md, "Deployment facts";
+`ERNIE55_FLAG_RULES` is that page's table.
 """
 
 from __future__ import annotations
@@ -41,8 +40,7 @@ SPEC_TOPK = 1
 
 # ---------------------------------------------------------------------------------------------- context
 LONG_CONTEXT_THRESHOLD = 131072
-# Fixed guidance from the deployment guides (1M context on 2x B300). Replace by the memory planner's
-# numbers (sglang_ernie55/cli/plan.py) in `long_context_guidance` once it exists.
+# Fixed guidance from the deployment guides (1M context on 2x B300); `sglang-ernie55 plan` gives a cell's numbers.
 LONG_CONTEXT_MAX_RUNNING_REQUESTS = 8
 LONG_CONTEXT_CUDA_GRAPH_MAX_BS = 8
 
@@ -84,11 +82,8 @@ def resolve_kv_cache_dtype(
     value: str | None, flag: str = "--kv-cache-dtype", config: object = None
 ) -> tuple[str, str | None]:
     """(legal dtype, note to log or None). `auto`/None -> fp8_e4m3, `bf16` -> bfloat16; vLLM's `fp8` and
-    every other dtype raise.
-
-    `config` (the checkpoint's Ernie55Config): the fp8_e4m3 layouts must fit its widths
-    (`kernels.layout.fp8_unfit`). Where they do not, the default (`auto`/None) resolves to bfloat16 with a
-    note naming the field, and an explicit fp8_e4m3 raises (`check_kv_cache_geometry`)."""
+    every other dtype raise. Where the fp8 layouts do not fit `config`'s widths (`kernels.layout.fp8_unfit`),
+    the default resolves to bfloat16 with a note and an explicit fp8_e4m3 raises."""
     if value is None or value == "auto":
         unfit = _fp8_unfit(config)
         if unfit:
@@ -201,9 +196,8 @@ def check_a2a(
 ) -> None:
     """`deepep` needs EP >= 4; under pipeline parallelism the a2a backend must be `none`.
 
-    `ep`: the expert parallel size that will run (SGLang sets it to --tp under deepep). `user_ep`: the
-    `--ep` the user typed; 2 or 3 with deepep is refused too, even though SGLang would replace it by
-    --tp, because it asks for a layout this model cannot run (1 is SGLang's unset default).
+    `ep`: the EP size that will run (SGLang sets it to --tp under deepep). `user_ep`: the `--ep` typed; 2 or
+    3 with deepep is refused too, though SGLang would replace it (1 is SGLang's unset default).
     """
     if pp > 1 and backend != "none":
         raise Ernie55ArgumentError(
@@ -370,11 +364,7 @@ def refuse_prefill_cuda_graph(backend: str) -> None:
 
 
 def long_context_guidance(context_length: int | None, max_running_requests: int | None = None) -> str | None:
-    """The warning for --context-length above 131072, or None.
-
-    Fixed numbers from the deployment guides for now; when the memory planner (cli/plan.py) exists,
-    this is the one place to ask it for the cell's numbers instead.
-    """
+    """The warning for --context-length above 131072, or None."""
     if context_length is None or context_length <= LONG_CONTEXT_THRESHOLD:
         return None
     running = "" if max_running_requests is None else f" (now {max_running_requests})"
