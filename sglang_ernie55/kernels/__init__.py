@@ -1,7 +1,6 @@
-"""Triton kernels of ERNIE-5.5-Flash (installed as ``sglang_ernie55.kernels``).
+"""Triton kernels of ERNIE-5.5-Flash.
 
-Each kernel: a thin launcher in ``kernels/<name>.py`` (formula, argument shapes/dtypes, asserts) over a
-``@triton.jit`` body in ``kernels/_triton/<name>.py``. Cache byte layouts: ``kernels/layout.py``; their
-byte-exact torch twin: ``kernels/torch_twin.py``.
-The pure-PyTorch oracle: ``sglang_ernie55.reference`` (``functional``, ``rope``, ``mhc``, ``kernels_ref``).
+Each kernel is a launcher in ``kernels/<name>.py`` (formula, shapes, checks) over a ``@triton.jit`` body in
+``kernels/_triton/<name>.py``. KV byte layouts: ``layout.py``; their byte-exact torch codec: ``torch_twin.py``;
+the pure-PyTorch oracle: ``sglang_ernie55.reference``.
 """

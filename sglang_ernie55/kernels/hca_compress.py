@@ -1,26 +1,7 @@
-"""HCA compression: complete blocks of R = compress_ratio tokens -> one compressed entry each, written straight
-into the compressed pool; and the update of the open-block state (decode and chunked prefill). R is the
-layer's (its ``ape`` has R rows): any ratio that divides the 256-token page (a power of two, 1 .. 256); the
-head and rope widths are any even ones (held padded to a power of two inside the kernel, kernels/_pool.py).
-
-Formula (functional.hca_compress_block): for block j of a request, with rows t = 0..R-1 of
-[c_t | s_t] = wkv_gate(x_{Rj+t}) (fp32),
-    cmp_j = RoPE_interleaved( RMSNorm( sum_t softmax_t(s_t + ape_t) * c_t ; norm_w, eps ), position R j )
-(softmax per channel over the R rows) and stored at the job's compressed slot in the pool's layout
-(kv_store's encoding). Row t comes from the batch (``kvs``) when position Rj+t >= the request's
-first new position, else from the request's state.
-
-Open-block state (layout.hca_state_alloc): a request-scoped ring of ``ring = state.shape[1]`` rows,
-``ring = R * blocks``; token p's row is ring row ``p % ring``, so block j's rows sit at
-``(R j) % ring + t``. One block (ring R) without speculative decoding; two blocks (ring 2R) with it:
-a verify of S+1 <= 4 rows that crosses a block boundary writes the next block's first rows into the other
-half, and ``hca_state_update`` keeps the rows of the last *two* blocks, so when the tokens past the
-boundary (or the one completing the block) are rejected, the next verify (which starts at the first
-rejected position) recomputes the block from intact rows and rewrites its entry at the same slot.
-
-Order per layer and batch: ``hca_compress_store`` (reads state rows of the blocks that complete),
-then ``hca_state_update`` (writes the rows of the last ``blocks`` blocks at the end of the batch).
-Reference: `kernels_ref.hca_compress_jobs` (composes functional.hca_compress_block).
+"""HCA compression: each complete block of R = compress_ratio tokens -> one entry of the compressed pool
+(`hca_compress_store`), and the update of the open-block state ring (`hca_state_update`). Per layer and
+batch the store runs first (it reads the state rows of the blocks that complete), then the update. R: any
+divisor of the page size; head / rope widths: any even ones. The ring: docs/kv-layout.md.
 """
 
 from __future__ import annotations
@@ -57,9 +38,15 @@ def hca_compress_store(
     job_tok_start: torch.Tensor,
     job_out_slot: torch.Tensor,
 ) -> None:
-    """Compress J blocks (one program each; a job with out_slot -1 is skipped, so J may be padded).
+    """Compress J blocks (one program each; a job with out_slot -1 is skipped, so J may be padded):
 
-    pool:   compressed pool, uint8 [pages, g.page_bytes]; g = hca_geometry(dtype, D, rope, page_size=256 // R).
+        cmp_j = RoPE_interleaved(RMSNorm(sum_t softmax_t(s_t + ape_t) * c_t; norm_w, eps), position R j)
+
+    over the rows [c_t | s_t] (t < R) of block j (softmax per channel), stored at the job's slot in the
+    pool's encoding. Row t comes from ``kvs`` when its position >= the request's first new position, else
+    from ``state``. Reference: `kernels_ref.hca_compress_jobs`.
+
+    pool:   compressed pool, uint8 [pages, g.page_bytes]; g = hca_geometry(dtype, D, rope, page_size=page size // R).
     kvs:    fp32 [N, 2D] wkv_gate output of the batch's new tokens ([values | scores]), flat over requests.
     state:  fp32 [req_slots, ring, 2D] (layout.hca_state_alloc), ring = R or 2R, last dim contiguous;
             block j's row t is read from ring row (R j) % ring + t.
@@ -171,7 +158,7 @@ def hca_state_update(
 
     state fp32 [slots, ring, 2D], ring = ratio or 2 * ratio; kvs fp32 [N, 2D]; positions, req_slot, seq_lens
     int [N] (per token: its position, its request's state slot, its request's sequence length after this
-    batch); ratio: the layer's compress ratio (a divisor of the 256-token page). Within one request the
+    batch); ratio: the layer's compress ratio (a divisor of the page size). Within one request the
     written positions span at most ``ring`` consecutive values (distinct rows)."""
     N = kvs.shape[0]
     _check_ratio(ratio)

@@ -1,12 +1,5 @@
 """HCA attention index rows built on the device (torch ops, no host sync, CUDA-graph safe): the
 `indices` / `topk_length` of the window scope and the compressed scope for every query token.
-
-For query t of request r at position p (window W, compress ratio R: the layer's config values, any W <= 256
-and any R dividing the page size P = 256, so a page holds E = P / R compressed entries):
-    window slots  s = max(0, p - W + 1) .. p  ->  win_pages[r, s // P] * P + s % P      (len min(p + 1, W))
-    compressed    j = 0 .. (p + 1) // R - 1   ->  cmp_pages[r, j // E] * E + j % E       (len (p + 1) // R)
-(`cmp_pages` = the request's full-pool pages: compressed slot of block j = full_slot(R j) // R.)
-Entries past a row's length are -1 (FlashMLA's rule). Matches `tests/kernels/kutil.PagedRequests`.
 """
 
 from __future__ import annotations
@@ -27,10 +20,16 @@ def hca_indices(
     ratio: int = HCA_COMPRESS_RATIO,
     page_size: int = SERVING_PAGE_SIZE,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """win_pages / cmp_pages int32 [B, pages]; q_req, q_pos int [T]; cmp_width: static row width
-    (>= max (p + 1) // ratio, a multiple of 64 for FlashMLA); window / ratio: the layer's window_size /
-    compress_ratio (the defaults are the full-size model's). Returns (win_idx int32 [T, window], win_len int32
-    [T], cmp_idx int32 [T, cmp_width], cmp_len int32 [T])."""
+    """For query t of request r at position p (window W, ratio R, page size P, E = P / R entries per page):
+
+        window slots  s = max(0, p - W + 1) .. p  ->  win_pages[r, s // P] * P + s % P      (len min(p + 1, W))
+        compressed    j = 0 .. (p + 1) // R - 1   ->  cmp_pages[r, j // E] * E + j % E       (len (p + 1) // R)
+
+    `cmp_pages` are the request's full-pool pages (compressed slot of block j = full_slot(R j) // R); entries
+    past a row's length are -1 (FlashMLA's rule), as `tests/kernels/kutil.PagedRequests` builds them.
+    win_pages / cmp_pages int32 [B, pages]; q_req, q_pos int [T]; cmp_width: static row width (>= max
+    (p + 1) // R, a multiple of 64 for FlashMLA); window / ratio: the layer's (defaults: the full model's).
+    Returns (win_idx int32 [T, W], win_len int32 [T], cmp_idx int32 [T, cmp_width], cmp_len int32 [T])."""
     check(win_pages.dim() == 2 and cmp_pages.dim() == 2, "win_pages / cmp_pages: [B, pages]")
     check(q_req.shape == q_pos.shape and q_req.dim() == 1, "q_req, q_pos: [T]")
     check(0 < window <= page_size, f"window: 1 .. {page_size}, got {window}")

@@ -1,10 +1,5 @@
-"""MLA-DSA lightning indexer: logits over the paged indexer-key pool, then the causal top-k.
-
-Formula (functional.indexer_scores / indexer_topk): for query t of request r at position p_t,
-    I(t, s) = sum_h w[t, h] * ReLU(qI[t, h] . kI[s]),  s = 0 .. p_t  (kI[s] read through r's page table)
-    sel(t)  = the index_topk positions s <= p_t with the largest I(t, s), ties to the earlier s;
-              all of them when p_t + 1 <= index_topk.
-Reference: `kernels_ref.indexer_logits_paged` + `functional.indexer_topk`.
+"""MLA-DSA lightning indexer: logits over the paged indexer-key pool (`indexer_logits`), then the causal
+top-k (`indexer_topk`). Reference: `kernels_ref.indexer_logits_paged` + `functional.indexer_topk`.
 """
 
 from __future__ import annotations
@@ -33,7 +28,8 @@ def indexer_logits(
     num_warps: int = 4,
     num_stages: int = 3,
 ) -> torch.Tensor:
-    """Returns logits fp32 [T, max_len]: I(t, s) for s <= q_pos[t], -inf for s > q_pos[t].
+    """Returns logits fp32 [T, max_len]: I(t, s) for s <= q_pos[t], -inf for s > q_pos[t], where
+    I(t, s) = sum_h w[t, h] * ReLU(qI[t, h] . kI[s]) with kI[s] read through the request's page table.
 
     qI:         bf16 [T, nI, dI] (dI = g.dim: 128 at full size, any even width; RoPE already applied),
                 last dim contiguous; fp32 runs the dots in IEEE fp32 (exactness runs with fp32 activations).
@@ -123,7 +119,7 @@ def indexer_topk(
     q_req: torch.Tensor | None = None,
     page_size: int = SERVING_PAGE_SIZE,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Top-k positions per query (exact: ties to the earlier position) and their count.
+    """Top-k positions per query (the index_topk largest I(t, s), s <= q_pos; ties to the earlier s) and their count.
 
     logits fp32 [T, S] from indexer_logits. Returns (idx int32 [T, topk], lengths int32 [T]) where
     lengths = min(q_pos + 1, topk) and idx[t, :lengths[t]] are the selected positions (or, with

@@ -1,9 +1,6 @@
-"""Write tokens into a paged KV pool in its byte layout (kernels/layout.py, docs/kv-layout.md).
-
-Formula: for each i with loc[i] >= 0, pool[slot loc[i]] = encode(x[i]) with the layout's rule:
-bf16 layouts store x as bf16; fp8 layouts store per tile e4m3(clamp(x / 2**e, +-448)) and the scale
-2**e (ue8m0 byte for HCA_FP8, fp32 for MLA_FP8 / IDX_FP8), e = ceil(log2(max(amax, 1e-8) / 448));
-the HCA rope dims and the MLA k_rope stay bf16. Reference: `torch_twin.pool_store` (byte-exact).
+"""Write tokens into a paged KV pool in its byte layout: pool[loc[i]] = encode(x[i]) for loc[i] >= 0,
+bf16 or fp8 tiles with power-of-two scales as kernels/layout.py states, the HCA rope dims and the MLA k_rope
+in bf16. Reference: `torch_twin.pool_store` (byte-exact).
 """
 
 from __future__ import annotations

@@ -1,46 +1,8 @@
-"""Paged KV-cache layouts of ERNIE-5.5-Flash, byte by byte (docs/kv-layout.md is the prose twin).
+"""Paged KV-cache layouts of ERNIE-5.5-Flash, byte by byte (docs/kv-layout.md: tables and pools).
 
-Every pool is one uint8 tensor per layer, shaped ``[num_pages, page_bytes]``; a cache *slot* is
-``page * page_size + offset`` (the token's index in the pool, FlashMLA's "index in kvcache").
-``PAGE_SIZE = 256`` tokens for every token-addressed pool; the HCA compressed pool holds
-``256 // 128 = 2`` entries per page so its pages line up with the full pool's.
-
-Layouts (``KVLayout``), with the full-size dimensions:
-
-=================  =====  ==========================================================================
-layout             B/tok  token encoding
-=================  =====  ==========================================================================
-HCA_FP8 (= SGLang  584    block-split page. Data row i at ``i * 576``: 448 e4m3 (nope dims 0..447),
-``KVLayout.V4``)          then 64 bf16 (rope dims 448..511, little endian). Scale row i at
-                          ``page_size * 576 + i * 8``: 7 ue8m0 bytes (scale of nope tile t = dims
-                          64t..64t+63 is ``2 ** (byte - 127)``), 1 pad byte (0). Page bytes padded up
-                          to a multiple of 576. FlashMLA's V4 sparse-decode format.
-HCA_BF16           1024   token i at ``i * 1024``: 512 bf16. Page bytes ``page_size * 1024``.
-MLA_FP8 (= FlashMLA 656   token i at ``i * 656``: 512 e4m3 (latent), 4 fp32 scales (tile t = latent
-``V32``)                  dims 128t..128t+127; value = e4m3 * scale), 64 bf16 (k_rope). Interleaved,
-                          no page padding. FlashMLA's V3.2 sparse-decode format.
-MLA_BF16           1152   token i at ``i * 1152``: 576 bf16 = [latent 512 | k_rope 64]. FlashMLA's
-                          dense bf16 decode format.
-IDX_FP8            132    block-split page: key i at ``i * 128`` (128 e4m3), its fp32 scale at
-                          ``page_size * 128 + i * 4`` (value = e4m3 * scale, one scale per token).
-IDX_BF16           256    key i at ``i * 256``: 128 bf16.
-=================  =====  ==========================================================================
-
-Quantisation rules (the pure-torch twins are ``sglang_ernie55.kernels.torch_twin``):
-- HCA_FP8 (ue8m0, as SGLang's V4 store): per 64-value tile ``e = ceil(log2(max(amax, 1e-8) / 448))``,
-  ``q = e4m3(clamp(x / 2**e, -448, 448))``, byte ``e + 127``.
-- MLA_FP8 (as SGLang's V3.2 store): per 128-value tile ``s = max(amax, 1e-8) / 448`` (fp32),
-  ``q = e4m3(clamp(x / s, -448, 448))``.
-- IDX_FP8: the same rule as MLA_FP8 over the token's 128 values.
-
-The pools a layer owns (HCA: SWA window pool + compressed pool; MLA-DSA: latent pool + indexer pool),
-and the open-block compression state (HCA, request-scoped, fp32 rows ``[values 512 | scores 512]``,
-a ring of ``128 * blocks`` rows per request slot: one block, or two under speculative decoding) are
-described in docs/kv-layout.md.
-
-Geometry other than full size (tiny test configs): the encodings are parametrised by the head
-width and rope width (``hca_geometry`` / ``mla_geometry`` / ``idx_geometry``); the full-size values
-are the module constants and are the only ones FlashMLA reads.
+Every pool is one uint8 tensor ``[num_pages, page_bytes]`` per layer; a slot is ``page * page_size + offset``
+(FlashMLA's "index in kvcache"). ``hca_geometry`` / ``mla_geometry`` / ``idx_geometry`` give the byte offsets
+at any (dim, rope) width; the full-size values, checked below, are the only ones FlashMLA reads.
 """
 
 from __future__ import annotations
@@ -71,6 +33,22 @@ FP8_AMAX_EPS = 1e-8
 
 
 class KVLayout(enum.StrEnum):
+    """Token encodings (bytes per token at full size).
+
+    HCA_FP8 (584, SGLang's V4): block-split page; data row i at ``i * 576``: 448 e4m3 nope dims, then 64 bf16
+    rope dims; scale row i at ``page_size * 576 + i * 8``: one ue8m0 byte per 64-value nope tile (scale
+    ``2 ** (byte - 127)``), one pad byte; page bytes padded to a multiple of 576.
+    HCA_BF16 (1024): token i at ``i * 1024``: 512 bf16.
+    MLA_FP8 (656, FlashMLA's V3.2): interleaved, no page padding; token i at ``i * 656``: 512 e4m3 latent,
+    4 fp32 scales (one per 128-value tile), 64 bf16 k_rope.
+    MLA_BF16 (1152): token i at ``i * 1152``: [latent 512 | k_rope 64] bf16.
+    IDX_FP8 (132): block-split page; key i at ``i * 128`` (128 e4m3), its fp32 scale at ``page_size * 128 + i * 4``.
+    IDX_BF16 (256): key i at ``i * 256``: 128 bf16.
+
+    Every fp8 scale is a power of two, ``2**e`` with ``e = ceil(log2(max(amax, 1e-8) / 448))`` per tile and
+    values ``e4m3(clamp(x / 2**e, -448, 448))`` (`torch_twin.quant_pow2`).
+    """
+
     HCA_FP8 = "hca_fp8"
     HCA_BF16 = "hca_bf16"
     MLA_FP8 = "mla_fp8"
@@ -201,7 +179,7 @@ def fp8_unfit(config) -> str:
     return ""
 
 
-# Full-size constants, checked against the numbers in ARCHITECTURE.md / SGLang / FlashMLA.
+# Full-size constants, checked against the numbers SGLang and FlashMLA use.
 HCA_FP8_BYTES_PER_TOKEN = 584
 HCA_FP8_SWA_PAGE_BYTES = 149_760  # 256 * 584 = 149,504 -> padded to 260 * 576
 HCA_FP8_CMP_PAGE_BYTES = 1_728  # 2 * 584 = 1,168 -> padded to 3 * 576 (864 B / entry)
@@ -214,10 +192,8 @@ assert hca_geometry("fp8", page_size=HCA_CMP_PER_PAGE).page_bytes == HCA_FP8_CMP
 assert mla_geometry("fp8").bytes_per_token == MLA_FP8_BYTES_PER_TOKEN
 assert idx_geometry("fp8").bytes_per_token == IDX_FP8_BYTES_PER_TOKEN
 
-# HCA open-block compression state: request-scoped ring, row = [values D | scores D] fp32.
-# Ring of `blocks` compression blocks: 1 without speculative decoding; 2 with it (a verify whose rows cross
-# a block boundary writes the next block's first rows into the other half, so the rows of the block it
-# completes survive when those tokens are rejected and the block is recomputed by the next verify).
+# HCA open-block state: a request-scoped ring of `blocks` compression blocks, row = [values D | scores D] fp32.
+# Two blocks under speculative decoding, so a block whose completing tokens are rejected can be recomputed.
 HCA_STATE_BLOCKS = 1
 HCA_STATE_BLOCKS_SPEC = 2
 HCA_STATE_ROWS = HCA_COMPRESS_RATIO  # rows of a one-block ring (ring rows = blocks * HCA_STATE_ROWS)

@@ -1,19 +1,8 @@
-"""mHC (manifold-constrained hyper-connections) on the GPU: hc_pre, hc_post, hc_head.
+"""mHC (manifold-constrained hyper-connections) on the GPU: hc_pre, hc_post, hc_head (formulas at `hc_pre`).
 
-Formulas (reference: sglang_ernie55.reference.mhc), R [T, n, H], x = R.flatten(-1):
-    m    = (x @ fn^T) * rsqrt(mean(x^2) + rms_eps)                              (fp32)
-    pre  = sigmoid(m[:n] s0 + b[:n]) + eps;  post = 2 sigmoid(m[n:2n] s1 + b[n:2n])
-    C    = Sinkhorn(softmax_row(m[2n:] s2 + b[2n:]) + eps; iters)               (C[j, i]: stream j -> i)
-    y    = sum_i pre[i] R[i]                                                    (hc_pre -> y, post, C)
-    R'[i] = post[i] f + sum_j C[j, i] R[j]                                      (hc_post)
-    hc_head: pre = sigmoid(m s + b) + eps (fn [n, nH]); y = sum_i pre[i] R[i]
-
-Backends: ``"sglang"`` uses SGLang 0.5.23's Triton pieces where they fit (``hc_mix_stats`` for m,
-``_hc_split_sinkhorn_triton`` for pre/post/C, ``mhc_combine`` for y; there is no SGLang Triton hc_post
-for general n, so hc_post is always ours); ``"ours"`` uses a cuBLAS fp32 GEMM for the raw mix x @ fn^T and
-our fused Triton tail (the row's rsqrt(mean(x^2) + rms_eps), split + Sinkhorn + weighted sum: two launches
-per site). ``"auto"`` = ours (SGLang's pieces stay selectable and are tested against the same reference).
-Every program works on one token's row: results do not depend on the rest of the batch.
+Backend ``"ours"`` (``"auto"``): a cuBLAS fp32 GEMM for the raw mix and one fused Triton tail per site;
+``"sglang"``: SGLang's Triton pieces where they fit (hc_post is always ours). Both are tested against
+`reference.mhc`. Each program works on one token's row, so results do not depend on the batch.
 """
 
 from __future__ import annotations
@@ -34,7 +23,7 @@ def _check_R(R: torch.Tensor, name: str = "R") -> tuple[int, int, int]:
 
 
 def hc_mix(R: torch.Tensor, fn: torch.Tensor, rms_eps: float, backend: str = "ours") -> torch.Tensor:
-    """m [T, rows(fn)] fp32 (see module doc)."""
+    """m [T, rows(fn)] fp32 (see `hc_pre`)."""
     T, n, H = _check_R(R)
     check(fn.dim() == 2 and fn.shape[1] == n * H and fn.dtype == torch.float32, f"fn: fp32 [rows, {n * H}]")
     x = R.reshape(T, n * H)
@@ -63,7 +52,14 @@ def hc_pre(
     rms_eps: float,
     backend: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """R [T, n, H] (fp32/bf16); fn fp32 [(2+n)n, nH]; base fp32 [(2+n)n]; scale fp32 [3].
+    """With x = R.flatten(-1) (fp32; C[j, i]: stream j -> i):
+
+        m    = (x @ fn^T) * rsqrt(mean(x^2) + rms_eps)
+        pre  = sigmoid(m[:n] s0 + b[:n]) + eps;  post = 2 sigmoid(m[n:2n] s1 + b[n:2n])
+        C    = Sinkhorn(softmax_row(m[2n:] s2 + b[2n:]) + eps; iters);  y = sum_i pre[i] R[i]
+
+    hc_post then gives R'[i] = post[i] f + sum_j C[j, i] R[j]; hc_head: y = sum_i (sigmoid(m s + b) + eps)[i] R[i].
+    R [T, n, H] (fp32/bf16); fn fp32 [(2+n)n, nH]; base fp32 [(2+n)n]; scale fp32 [3].
     Returns y fp32 [T, H] (before the sublayer's RMSNorm), post fp32 [T, n], C fp32 [T, n, n]."""
     T, n, H = _check_R(R)
     rows = (2 + n) * n

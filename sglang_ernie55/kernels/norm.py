@@ -1,11 +1,6 @@
-"""RMSNorm with fp32 math on rows of any float dtype (the model's weighted norms and the weightless
-per-head q norm of HCA), writing fp32 or the model dtype directly.
-
-Formula (reference: functional.rms_norm, SGLang's RMSNorm.forward_native on an fp32 input):
-    y = x * rsqrt(mean(x^2) + eps) [* weight]      (fp32; then one rounding to the output dtype)
-
-Row-wise: a row's result does not depend on the other rows of the call (batch-invariant); one program
-handles ROWS consecutive rows, a tile shape that depends on the row width only.
+"""RMSNorm with fp32 math on rows of any float dtype: y = x * rsqrt(mean(x^2) + eps) [* weight], rounded
+once to the output dtype (reference: `functional.rms_norm`). Row-wise and batch-invariant: one program handles
+ROWS rows, a tile shape that depends on the row width only.
 """
 
 from __future__ import annotations

@@ -1,11 +1,6 @@
-"""RoPE on a slice of the last dim of [T, h, D], in place: the HCA output's inverse rotation (right after
-sparse_mqa_attention), and the forward rotations of the model's layers (HCA q / kv, MLA q_pe / k_pe:
-interleaved on the last dims; the lightning indexer's qI / kI: rotate-half on the first dims).
-
-Formulas (rope.apply_rope_interleaved / apply_rope_half): pairs (2i, 2i+1) (interleaved) or (i, i + r/2)
-(rotate-half) of x[t, :, start : start + r] rotate by sign * positions[t] * inv_freq[i]; cos / sin come from
-tables: rope.cos_sin(arange(max_pos), inv_freq) indexed by positions[t], or per-token rows
-rope.cos_sin(positions, inv_freq) (``positions=None``: row t is token t's).
+"""RoPE on a slice of the last dim of [T, h, D], in place: the HCA output's inverse rotation and the layers'
+forward rotations (interleaved pairs (2i, 2i+1): HCA, MLA; rotate-half (i, i + r/2): the indexer), by
+sign * position * inv_freq[i], cos / sin from `reference.rope.cos_sin` tables (reference: `reference.rope`).
 """
 
 from __future__ import annotations

@@ -1,12 +1,7 @@
-"""Multi-router top-k for the latent MoE (feeds SGLang's FusedMoE at the latent width).
-
-Formula (functional.multi_router_topk): s = mean_r sigmoid(x @ router_r^T) (fp32);
-idx = topk(s + e_score_correction_bias, k), ties to the lower expert id;
-w = s[idx] / (sum(s[idx]) + 1e-20) (if norm_topk_prob) * routed_scaling_factor.
-
-The router GEMM (x @ [router_0; ...; router_{R-1}]^T, one [T, R*E] fp32 product) runs in cuBLAS; the
-kernel fuses sigmoid, mean, bias, top-k and normalisation (one program per token). The result is what
-SGLang's ``StandardTopKOutput(topk_weights, topk_ids, router_logits)`` carries into FusedMoE.
+"""Multi-router top-k for the latent MoE: s = mean_r sigmoid(x @ router_r^T) (fp32), ids = topk(s + bias, k)
+(ties to the lower id), w = s[ids] / (sum s[ids] + 1e-20) (if norm_topk_prob) * routed_scaling_factor
+(reference: `functional.multi_router_topk`). The router GEMM runs in cuBLAS, the rest in one fused program
+per token; the result is what SGLang's `StandardTopKOutput` carries into FusedMoE.
 """
 
 from __future__ import annotations

@@ -1,28 +1,8 @@
-"""Sparse MQA attention over paged pools: the one kernel behind HCA attention (decode and extend)
-and MLA-DSA sparse attention (absorbed form), fp8 and bf16 pools.
+"""Sparse MQA attention over paged pools: the one kernel behind HCA attention (decode and extend) and
+MLA-DSA sparse attention (absorbed form), fp8 and bf16 pools, any even widths.
 
-Formula, per query token t and head h (K = V, one shared KV head; keys gathered from the pools and
-dequantised exactly as `torch_twin.pool_gather` does):
-
-    S_t  = { main_pool[main_idx[t, j]] : j < main_len[t], main_idx[t, j] != -1 }
-         U { extra_pool[extra_idx[t, j]] : j < extra_len[t], extra_idx[t, j] != -1 }
-    o[t, h] = sum_{k in S_t} exp(q[t,h].k * sm_scale) k[:d_v] / (sum_{k in S_t} exp(q[t,h].k * sm_scale) + exp(sink[h]))
-
-(no sink term when ``sink`` is None; an empty S_t gives 0). Reference: `kernels_ref.sparse_attention`
-= `functional.sink_attention` over the gathered keys.
-
-- HCA: main = window pool (slots of the raw window, <= 128 per query), extra = compressed pool
-  (slots of the visible compressed entries), sink = attn_sink, sm_scale = 512**-0.5, d_v = 512.
-  The output's rope slice still carries RoPE: apply `rope.inverse_rope_` (kernels/rope.py) after.
-- MLA-DSA (absorbed): q = [q_nope @ W_UK (512) | q_pe (64)], main = latent pool with the top-k
-  slots, no extra, no sink, sm_scale = (128 + 64)**-0.5, d_v = 512 (o_latent; apply W_UV after).
-
-Widths: any even ones (HCA head_dim with its rope inside, MLA latent + rope tail, d_v); inside the kernels a
-row is held at the next power of two with the extra columns masked (kernels/_pool.py `padded`).
-
-The API is FlashMLA's sparse decode (indices = slots, -1 invalid, topk_length per query, extra
-cache + extra indices + extra length, attn_sink), so `flashmla_sparse_attention` below can sit behind
-the same call where FlashMLA's geometry fits (fp8 pools, D = 512 / 576, 64 or 128 heads).
+The call is FlashMLA's sparse decode (slot indices, -1 invalid, per-query lengths, an extra cache, a sink),
+so `flashmla_sparse_attention` serves the same call where FlashMLA's geometry fits.
 """
 
 from __future__ import annotations
@@ -42,10 +22,8 @@ LAST_COMPILED: dict = {}  # diagnostics: the last compiled split kernel (n_regs 
 
 
 class SplitKernel:
-    """The split pass of `sparse_mqa_attention`: `kernel` takes the arguments of `_triton/sparse_attn.py`'s
-    `sparse_attn_split_kernel` (which holds the whole [block_n, D] key tile and the [block_h, D] accumulator as
-    single tiles) and writes the same outputs. Serving runs this one; a candidate with the same contract plugs in
-    as a subclass (the head-dim-chunked kernel under benchmark: benchmarks/sparse_attn_dchunk.py)."""
+    """The split pass of `sparse_mqa_attention` (`sparse_attn_split_kernel`). A candidate kernel with the same
+    arguments and outputs plugs in as a subclass (e.g. benchmarks/sparse_attn_dchunk.py)."""
 
     kernel = sparse_attn_split_kernel
 
@@ -118,7 +96,16 @@ def sparse_mqa_attention(
     split_keys: int | None = None,
     split: SplitKernel = BASE_SPLIT,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Returns (out [T, h, d_v] bf16 (or ``out``'s dtype), lse [T, h] fp32, natural log, without the sink).
+    """Per query token t and head h, over the keys S_t (the valid slots of main, then extra; K = V):
+
+        o[t, h] = sum_{k in S_t} exp(q.k * sm_scale) k[:d_v] / (sum_{k in S_t} exp(q.k * sm_scale) + exp(sink[h]))
+
+    keys dequantised as `torch_twin.pool_gather` does; no sink term when ``sink`` is None; 0 for an empty S_t.
+    Reference: `kernels_ref.sparse_attention`. HCA: main = window pool, extra = compressed pool, sink =
+    attn_sink, d_v = head_dim (the rope slice still carries RoPE: `rope.inverse_rope_` after). MLA-DSA
+    (absorbed): q = [q_nope W_UK | q_pe], main = latent pool at the top-k slots, d_v = latent (W_UV after).
+
+    Returns (out [T, h, d_v] bf16 (or ``out``'s dtype), lse [T, h] fp32, natural log, without the sink).
 
     q:     [T, h, D] bf16, last dim contiguous; D = main.geom main + rope widths (HCA 512, MLA 576 at full
            size; any even widths, e.g. HCA 96, MLA 96 + 32). An fp32 q runs every dot in IEEE fp32 (keys and

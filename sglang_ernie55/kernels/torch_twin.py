@@ -1,14 +1,7 @@
-"""The kernels' torch twin: byte-exact torch encoders / decoders of the paged KV pools (kernels/layout.py,
-docs/kv-layout.md), written and read at cache slots.
-
-It does to the bytes what the Triton store and read kernels do: the serving pool stores and reads its rows
-through it (mem_cache/pool.py, static shapes), the kernel tests compare the kernels with it byte for byte,
-and the test oracle rounds its KV through it as the pool does. The model math over pooled rows, the
-kernels' oracle, is `reference/kernels_ref.py`.
-
-Quantisation (all fp8 pools): per tile, scale = 2**e with e = ceil(log2(max(amax, 1e-8) / 448))
-(computed in float64, i.e. exactly); value = e4m3(clamp(x / 2**e, +-448)) (round to nearest even).
-HCA_FP8 stores e + 127 as one ue8m0 byte; MLA_FP8 / IDX_FP8 store 2**e as fp32.
+"""The byte-exact torch codec of the paged KV pools (kernels/layout.py): the pool stores and reads its rows
+through it, the kernel tests compare the Triton kernels with it byte for byte, the test oracle rounds its KV
+through it. fp8 tiles: scale 2**e, e = ceil(log2(max(amax, 1e-8) / 448)) (exact, in float64), value
+e4m3(clamp(x / 2**e, +-448)); HCA_FP8 stores e + 127 as a ue8m0 byte, MLA_FP8 / IDX_FP8 store 2**e as fp32.
 """
 
 from __future__ import annotations

@@ -1,14 +1,9 @@
-"""Triton helpers shared by the kernels: power-of-two fp8 scales and the paged-pool token reader.
+"""Triton helpers shared by the kernels: power-of-two fp8 scales and the paged-pool token reader / writer.
 
-A pool is read through four typed views of the same bytes (uint8, e4m3, bf16, fp32); every offset
-below is in bytes and is divided by the view's element size (layouts keep fields aligned).
-Layout kinds (constexpr ``KIND``): 0 = bf16 (every value bf16), 1 = fp8 with ue8m0 scale bytes
-(HCA_FP8), 2 = fp8 with fp32 scales (MLA_FP8 / IDX_FP8).
-
-Widths: a row of ``MAIN`` values is held as ``MAIN_P`` register columns (``_pool.padded``: a power of two,
-a whole number of scale tiles); columns ``MAIN .. MAIN_P - 1`` read as 0 and are never stored. The masks
-that do this are added only when a row has such columns (constexpr tests: ``cols``, ``within``), so
-power-of-two widths compile to the unmasked code.
+A pool is read through four typed views of the same bytes (uint8, e4m3, bf16, fp32); offsets are in bytes.
+``KIND``: 0 bf16, 1 fp8 + ue8m0 scale bytes (HCA_FP8), 2 fp8 + fp32 scales (MLA_FP8 / IDX_FP8). A row of
+``MAIN`` values is held as ``MAIN_P`` columns (``_pool.padded``); padding columns read 0 and are never stored,
+and their masks exist only when there are such columns (``cols`` / ``within``).
 """
 
 from __future__ import annotations
@@ -62,10 +57,8 @@ def round_e4m3(x):
 @triton.jit
 def e4m3_bits(r, x):
     """The e4m3fn byte (uint8) of an fp32 value ``r`` already on the e4m3 grid (round_e4m3 output of
-    ``x``), built in integer arithmetic with the sign bit taken from ``x`` itself: values that round to
-    zero keep their sign (-0, as torch's cast), which float code loses on the GPU (nvcc/ptxas fold
-    ``where(x < 0, -r, r)`` and min/max clamps of a zero; seen on the H200 with Triton 3.6), and no
-    fp8 cast is involved."""
+    ``x``), in integer arithmetic with the sign bit of ``x``: values that round to zero keep their sign (-0,
+    as torch's cast), which float code loses on the GPU (ptxas folds ``where(x < 0, -r, r)`` of a zero)."""
     b = r.to(tl.int32, bitcast=True)
     sign = (x.to(tl.int32, bitcast=True) >> 24) & 0x80
     e = ((b >> 23) & 0xFF) - 127

@@ -1,7 +1,7 @@
-"""Triton bodies of kernels/hca_compress.py (HCA block compression into the compressed pool, and the
-open-block state update). A block is RATIO rows (a power of two: the ratio divides the 256-token page);
-channels are held at a padded width (HALF_P pairs, W_P values: powers of two) with the columns past the real
-width masked (read as 0, never stored)."""
+"""Triton bodies of kernels/hca_compress.py: block compression into the compressed pool and the open-block
+state update. A block is RATIO rows (a power of two); channels are held at padded widths (HALF_P pairs, W_P
+values: powers of two), the columns past the real width masked (read as 0, never stored).
+"""
 
 from __future__ import annotations
 

@@ -1,17 +1,9 @@
-"""Triton bodies of kernels/sparse_attn.py: gather + dequant + one-softmax MQA over up to two paged
-scopes (main, extra), split over keys, then a combine pass that adds the per-head sink.
+"""Triton bodies of kernels/sparse_attn.py: gather + dequant + one-softmax MQA over up to two paged scopes,
+split over keys, then a combine pass that adds the per-head sink.
 
-Grid of the split kernel: (head block, query token t, key split); head blocks fastest, so the
-programs that read the same keys run together. The keys of query t are the
-virtual concatenation [main[0:len_a] | extra[0:len_b]]; split s covers [s * chunk, (s + 1) * chunk).
-Softmax in base 2: logits are multiplied by scale * log2(e). ``DT`` is the dot operand dtype: bf16 on
-GPUs (production), fp32 for an fp32 query (exactness runs with fp32 activations) and under TRITON_INTERPRET=1
-(the CPU interpreter's bf16 dot is wrong in Triton 3.8); every dot asks for IEEE precision, which only matters
-for fp32 operands (Triton's default there is TF32).
-
-Widths: the key / query / output main segment is MAIN wide and held as MAIN_P register columns, the rope tail
-TAIL as TAIL_P (powers of two, kernels/_pool.py `padded`); the padding columns load as 0 (so they add nothing
-to a dot product) and are never stored. For power-of-two widths MAIN_P == MAIN and no mask is added.
+Split grid: (head block, query t, key split), head blocks fastest so programs reading the same keys run
+together; split s covers [s * chunk, (s + 1) * chunk) of [main[0:len_a] | extra[0:len_b]]. Softmax in base 2.
+``DT``: bf16 dot operands on GPUs; fp32 for fp32 queries and under the interpreter (its bf16 dot is wrong).
 """
 
 from __future__ import annotations
@@ -67,6 +59,7 @@ def _attend_scope(
         k = load_main(
             u8_ptr, f8_ptr, bf_ptr, f32_ptr, row, srow, valid, KIND, MAIN, MAIN_P, NOPE, TILE, BN, DT
         )
+        # IEEE matters only for fp32 operands (exactness runs), where Triton's default is TF32
         s = tl.dot(q, tl.trans(k), input_precision="ieee")
         if TAIL > 0:
             kt = load_tail(bf_ptr, row, valid, TAIL_OFF, TAIL, TAIL_P, DT)
