@@ -1,18 +1,8 @@
-"""ECHO speculative decoding in the reference: chained draft rounds, a greedy speculative decoder, and the
-ECHO-exact checkpoint construction (docs/echo.md).
+"""ECHO speculative decoding in the reference: chained draft rounds, a greedy speculative decoder that must
+emit exactly `generate_greedy`'s tokens, and the ECHO-exact checkpoint construction (docs/echo.md).
 
-Everything here is built from `Ernie55ReferenceModel.step` / `echo_forward` (the oracle); nothing
-redefines the model's math. Conventions (ARCHITECTURE.md convention 11, SGLang's EAGLE/NEXTN layout):
-
-- draft entry i combines the target's pre-hc_head streams of position i with token i+1 and sits at
-  position i; its logits propose token i+2;
-- a round = one draft-extend over new entries (target streams + the tokens that follow them), whose last
-  entry proposes d_1, then `steps - 1` chained entries: entry k (position last + k) takes the previous
-  entry's *draft* streams and the token d_k and proposes d_{k+1};
-- the draft attends over its own KV, window only.
-
-`greedy_speculative` runs the whole loop (prefill, draft, verify, accept, draft-extend) the way SGLang's
-EAGLE worker does with topk 1, and must emit exactly `generate_greedy`'s tokens.
+Built only from `Ernie55ReferenceModel.step` / `echo_forward`. SGLang's EAGLE/NEXTN layout: draft entry i
+combines the target's streams at position i with token i+1, sits at position i and proposes token i+2.
 """
 
 from __future__ import annotations
@@ -41,13 +31,12 @@ def draft_round(
     start_pos: int,
     steps: int,
 ) -> EchoRound:
-    """One ECHO round with topk 1.
+    """One ECHO round with topk 1; returns the `steps` greedy proposals.
 
-    Draft-extend: entries start_pos .. start_pos+T-1 from `streams` [T, n, H] (the target's, at those
-    positions) and `next_tokens` [T] (the token after each position) extend `cache` (these entries are
-    final: committed positions). The last entry proposes d_1. Chain: `steps - 1` entries on a *copy* of
-    the cache (speculative positions), entry k at position start_pos+T-1+k taking the previous entry's
-    draft streams and d_k, proposing d_{k+1}. Returns the `steps` greedy proposals."""
+    Draft-extend: entries start_pos .. start_pos+T-1 from the target's `streams` [T, n, H] and `next_tokens`
+    [T] extend `cache` (committed positions); the last entry proposes d_1. Then `steps - 1` chained entries on
+    a copy of the cache: entry k (position start_pos+T-1+k) takes the previous entry's draft streams and d_k
+    and proposes d_{k+1}. The draft attends its own KV, window only."""
     out = model.echo_forward(streams, next_tokens, cache=cache, start_pos=start_pos)
     pos = start_pos + next_tokens.shape[0] - 1
     logits, st = out.logits[-1], out.streams[-1]
@@ -85,9 +74,8 @@ def greedy_speculative(
     Committed tokens t_0 .. t_{L-1} have target KV; b = t_L is the target's latest token (not yet in
     its KV). A round drafts d_1..d_S, verifies [b, d_1..d_S] at positions L..L+S in one target extend,
     accepts the longest prefix of drafts equal to the target's own argmax, and commits it plus the
-    target's next token (the new b). The verify runs on a copy of the target cache and the accepted
-    tokens are replayed on the original (the reference caches cannot roll back an open compression
-    block); SGLang instead overwrites the rejected positions' slots in the next round."""
+    target's next token (the new b). The verify runs on a copy of the target cache and the accepted tokens
+    are replayed on the original: the reference caches cannot roll back an open compression block."""
     tcache, dcache = model.new_cache(), model.new_echo_cache()
     out = model.step(prompt_ids, tcache)
     b = int(torch.argmax(out.logits[-1]))
@@ -165,8 +153,8 @@ def make_echo_exact_(model: Ernie55ReferenceModel, seed: int = 0, eps: float = 0
 def write_echo_exact_checkpoint(
     out, seed: int = 0, eps: float = 0.02, fmt: str = "bf16", force: bool = False
 ):
-    """A tiny checkpoint (helper-3's writer, tokenizer included) whose ECHO head is exact by construction
-    (`make_echo_exact_`); returns (path, sigma)."""
+    """A tiny checkpoint (tokenizer included) whose ECHO head is exact by construction (`make_echo_exact_`);
+    returns (path, sigma)."""
     from ..checkpoint.tiny import preset_config
     from ..checkpoint.writer import write_checkpoint
     from .model import build_reference

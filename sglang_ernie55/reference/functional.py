@@ -1,7 +1,7 @@
 """Stateless math of ERNIE-5.5 in plain PyTorch: the one reference that model, kernels and benchmarks share.
 
-Every function computes in fp32 and returns fp32 unless it says otherwise. Shapes use
-T = query tokens, S = key tokens, h = heads, D = head width.
+Every function computes in fp32 and returns fp32 unless it says otherwise. Shapes: T = query tokens,
+S = key tokens, h = heads, D = head width.
 """
 
 from __future__ import annotations

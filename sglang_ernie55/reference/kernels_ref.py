@@ -1,10 +1,8 @@
 """The oracle of the paged kernels: the model math of `reference.functional` over KV rows as the pool holds them.
 
-Per query, in plain loops, what three kernels compute: sparse attention over the gathered keys of one or two
-paged scopes (`kernels/sparse_attn.py`), the indexer's scores over a request's pages (`kernels/indexer.py`),
-HCA compression jobs over a batch (`kernels/hca_compress.py`). Rows are read through the kernels' torch twin
-(`kernels/torch_twin.py`), so a kernel is compared with exactly the bytes it reads; the math is only composed
-from `functional`, never copied.
+Per query, in plain loops: sparse attention over one or two paged scopes, the indexer's scores over a
+request's pages, HCA compression jobs over a batch. Rows are read through `kernels.torch_twin`, so a kernel
+is compared with exactly the bytes it reads; the math is composed from `functional`, never copied.
 """
 
 from __future__ import annotations
@@ -78,8 +76,8 @@ def hca_compress_jobs(
     job_tok_start,
 ) -> torch.Tensor:
     """Compressed entries [J, D] fp32 (functional.hca_compress_block) of the jobs of
-    kernels/hca_compress.py: row t of block j is kvs[tok_start + 128j + t - ext_start] when that
-    position >= ext_start, else state[req_slot, (128 j) % ring + t] (ring = state.shape[1], 1 or 2 blocks)."""
+    kernels/hca_compress.py (R = ape.shape[0]): row t of block j is kvs[tok_start + R j + t - ext_start] when
+    that position >= ext_start, else state[req_slot, (R j + t) % ring] (ring = state.shape[1], 1 or 2 blocks)."""
     ratio, D = ape.shape
     ring = state.shape[1]
     out = []

@@ -1,17 +1,9 @@
-"""The ERNIE-5.5-Flash reference model: pure PyTorch, one device, written for reading.
+"""The ERNIE-5.5-Flash reference model: pure PyTorch, one device, written for reading; the oracle every kernel,
+the SGLang model and the ECHO draft are compared to (docs/architecture-choices.md: where the spec was silent).
 
-This is the oracle every kernel, the SGLang model and the ECHO draft are compared to. It implements
-../shared/ARCHITECTURE.md exactly (docs/architecture-choices.md lists where the spec was silent).
-
-Two execution modes over one set of weights:
-- `forward(input_ids)`: the whole sequence at once (positions 0..T-1) with explicit masks;
-- `step(input_ids, cache)`: incremental extend/decode of any chunk size with explicit caches
-  (HCA: raw window ring, compressed entries, open-block online-softmax state; MLA-DSA: normed
-  latents, roped k_pe and indexer keys, attention in the absorbed form).
-Both must give the same logits (tests/reference/test_incremental.py).
-
-`state_dict()` keys are exactly the checkpoint tensor names. Linear weights are stored in the
-module's dtype (bf16 for checkpoints); every computation upcasts to fp32.
+`forward(input_ids)` runs a whole sequence with explicit masks, `step(input_ids, cache)` extends any chunk
+with explicit caches; both give the same logits. `state_dict()` keys are the checkpoint tensor names;
+weights are stored in the module's dtype and every computation upcasts to fp32.
 """
 
 from __future__ import annotations

@@ -1,12 +1,7 @@
-"""RoPE for ERNIE-5.5: one YaRN table (DeepSeek-V3 reference form) shared by every layer.
-
-Two pairings (ARCHITECTURE.md convention 1):
-- interleaved: dims (2i, 2i+1) rotate together by angle pos * inv_freq[i] (HCA q / kv / compressed
-  entries / inverse rotation of the output, MLA q_pe / k_pe);
-- rotate-half: dims (i, i + d/2) rotate together (the lightning indexer, as in DeepSeek-V3.2).
-
-The inverse frequencies and the MLA softmax scale are model facts with one home, `sglang_ernie55.layers.rope`;
-the rotations below are the reference's own.
+"""RoPE for ERNIE-5.5: one YaRN table (DeepSeek-V3 reference form) shared by every layer, two pairings:
+interleaved (dims (2i, 2i+1): HCA q / kv / compressed entries / the output's inverse, MLA q_pe / k_pe) and
+rotate-half (dims (i, i + d/2): the lightning indexer, as in DeepSeek-V3.2), by angle pos * inv_freq[i].
+The inverse frequencies and the MLA softmax scale live in `sglang_ernie55.layers.rope`.
 """
 
 from __future__ import annotations
