@@ -19,7 +19,9 @@ from ..kernels.sparse_attn import Scope, flashmla_sparse_attention, sparse_mqa_a
 from ..layers.rope import cos_sin
 from .interface import HCAInputs, LayerInputs, MLAInputs, TokenRows
 
-INDEXER_LOGITS_BUDGET = 1 << 24  # extend: query rows x key columns of one indexer chunk (64 MiB fp32)
+# query rows x key columns of one indexer chunk (64 MiB of fp32 logits): decode graphs are captured at the full
+# context width, where one [batch, context] chunk would take GiBs at 1M tokens
+INDEXER_LOGITS_BUDGET = 1 << 24
 ATTN_ROWS = (
     1 << 15
 )  # query rows per attention call (the split kernel's grid puts tokens on CUDA's y axis, < 65536)
@@ -259,7 +261,7 @@ class KernelPath:
             valid_req,
             cmp_width,
             nj,
-            [(0, B * per_req, width)],
+            _mla_chunks([per_req] * B, [width] * B),
         )
 
     def extend_meta(self, fb) -> KernelMeta:

@@ -323,6 +323,22 @@ def test_mla_chunks_budget(monkeypatch):
         assert w == need
 
 
+def test_graph_rows_chunk_the_indexer_at_the_context_width(monkeypatch):
+    """Decode graphs are captured at the context width: the indexer's [rows, width] logits come in chunks
+    within the budget (one [256, 1M] chunk took GiBs at capture), covering every row once."""
+    monkeypatch.setattr(kp, "INDEXER_LOGITS_BUDGET", 4096)
+    be, r2t = _backend()
+    B, per_req = 7, 3
+    req = torch.zeros(B, dtype=torch.int64)
+    seq = torch.full((B,), 3)
+    loc = torch.zeros(B * per_req, dtype=torch.int64)
+    m = _kernel_path(be, r2t).fixed_meta(req, seq, loc, per_req, be.max_ctx)
+    ch = m.mla_chunks
+    assert len(ch) > 1 and ch[0][0] == 0 and ch[-1][1] == B * per_req
+    assert all(a[1] == b[0] for a, b in zip(ch, ch[1:]))
+    assert all((t1 - t0) * w <= 4096 and w == be.max_ctx for t0, t1, w in ch)
+
+
 @pytest.mark.parametrize("k", [1, 3, 4])
 def test_fixed_rows_per_request_equal_the_extend_rows(k):
     """fixed_meta with k new tokens per request (decode: 1; a verify pass: steps + 1) builds the same rows,

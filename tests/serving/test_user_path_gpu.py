@@ -57,7 +57,10 @@ def test_pool_set_up_allocates_within_budget(tiny_dir, kv, echo, context):
         f"full {b.sizes.max_total_num_tokens} swa {b.sizes.swa_max_total_num_tokens}"
     )
     assert exact <= b.allocated <= sum(plan.values()) <= budget, (b.allocated, plan)
-    assert b.allocated >= 0.9 * budget  # and the budget is used, not left idle
+    # the budget is used, not left idle: all of it planned, and what is not allocated here is the eager
+    # runner's inputs (allocated later by SGLang) and the allocator's rounding
+    assert sum(plan.values()) >= 0.99 * budget, plan
+    assert b.allocated + plan["eager_inputs"] + plan["rounding"] >= 0.97 * budget, (b.allocated, plan)
     del b
     torch.cuda.empty_cache()
 
