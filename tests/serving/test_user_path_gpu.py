@@ -129,7 +129,7 @@ def test_torch_path_graphs_and_echo_at_1m_context(tmp_path):
         "1048576",
         "--max-running-requests",
         "4",
-        "--cuda-graph-max-bs",
+        "--cuda-graph-max-bs-decode",
         "4",
         "--speculative-algorithm",
         "EAGLE",
