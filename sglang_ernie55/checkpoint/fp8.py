@@ -1,17 +1,7 @@
-"""Block-wise FP8 (e4m3) weights, 128x128 blocks (ARCHITECTURE.md convention 12).
-
-    W[i, j] = W_fp8[i, j].float() * scale_inv[i // 128, j // 128]
-
-`scale_inv` has one fp32 entry per block, ragged edge blocks included (shape ceil(rows/128) x
-ceil(cols/128)). Quantization picks scale = amax(|block|) / 448 (448 = largest e4m3 value), so every
-block uses the full e4m3 range; an all-zero block gets scale 1. Codes are round-to-nearest-even of
-W / scale (the division, not a multiplication by a reciprocal).
-
-Error bound of one element (3 mantissa bits; subnormal spacing 2^-9 below 2^-6):
-|W - deq(q(W))| <= max(|W| * 2^-4, scale * 2^-10) (up to the fp32 rounding of W / scale).
-
-`Fp8Pairs` pairs a streamed `X.weight` with its `X.weight_scale_inv` and dequantizes the pair: what both
-SGLang model classes do for the Linears they keep unquantized.
+"""Block-wise FP8 (e4m3) weights: W[i, j] = W_fp8[i, j].float() * scale_inv[i // 128, j // 128], one fp32
+scale per FP8_BLOCK x FP8_BLOCK block, ragged edge blocks included. `Fp8Pairs` pairs a streamed `X.weight`
+with its `X.weight_scale_inv` and dequantizes the pair, as both SGLang model classes do for the Linears they
+keep unquantized.
 """
 
 from __future__ import annotations
@@ -31,7 +21,12 @@ def _check_2d(name: str, t: torch.Tensor) -> None:
 
 
 def quantize_fp8_block(w: torch.Tensor, block: int = FP8_BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
-    """w [rows, cols] (any float dtype) -> (codes float8_e4m3fn [rows, cols], scale_inv fp32 [rb, cb])."""
+    """w [rows, cols] (any float dtype) -> (codes float8_e4m3fn [rows, cols], scale_inv fp32 [rb, cb]).
+
+    scale = amax(|block|) / 448, so every block uses the full e4m3 range (an all-zero block: scale 1);
+    codes round W / scale to nearest even. Per element |W - deq(q(W))| <= max(|W| * 2^-4, scale * 2^-10)
+    (3 mantissa bits, subnormal spacing 2^-9), up to the fp32 rounding of W / scale.
+    """
     _check_2d("w", w)
     rows, cols = w.shape
     rb, cb = math.ceil(rows / block), math.ceil(cols / block)

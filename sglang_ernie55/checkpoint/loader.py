@@ -1,14 +1,8 @@
 """Strict reader of ERNIE-5.5 checkpoint directories (the tiny ones of `make-tiny` and the real ones).
 
-Reads config.json (Ernie55Config), finds the tensors through `model.safetensors.index.json` (or a
-single `model.safetensors`, or every `*.safetensors` when there is no index), and checks the whole
-set against `stored_tensors(config, fmt)` from the safetensors headers alone, before any data is
-read: every missing, unexpected, mis-shaped or mis-typed tensor is named in one CheckpointError.
-Tensors come back under their logical names, FP8 weights dequantized with their block scales
-(`<name>_scale_inv` never appears in the output).
-
-`CheckpointReader` streams tensor by tensor (what a 280B checkpoint needs); `load_checkpoint` is
-the whole-state-dict convenience for small ones.
+The whole tensor set is checked against `stored_tensors(config, fmt)` from the safetensors headers, before
+any data is read; tensors come back under their logical names, FP8 weights dequantized. `CheckpointReader`
+streams tensor by tensor (what a 280B checkpoint needs); `load_checkpoint` returns a whole state dict.
 """
 
 from __future__ import annotations
@@ -72,7 +66,10 @@ def read_config(path: str | Path) -> Ernie55Config:
 
 
 class CheckpointReader:
-    """One checkpoint directory: config, format, where each tensor lives; `check()` before reading."""
+    """One checkpoint directory: config, format, where each tensor lives; `check()` before reading.
+
+    Tensors are found through `model.safetensors.index.json`, else a single `model.safetensors`, else
+    every `*.safetensors`."""
 
     def __init__(self, path: str | Path, progress: ProgressFn | None = None):
         self.path = Path(path)

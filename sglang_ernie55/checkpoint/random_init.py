@@ -1,17 +1,7 @@
-"""Random weights straight from the spec, one tensor at a time (no model in memory).
-
-For checkpoints too large to build through the reference model on the host (the full-width preset:
-real widths and 512 experts per layer, tens of GB). Each tensor's values depend only on (seed, name),
-so tensors can be made in any order and streamed to disk.
-
-Distributions are those of the reference model's `init_random_` (reference/model.py), drawn from a
-per-tensor generator instead of one shared stream, so activations stay O(1) through every layer
-(tests/test_checkpoint_reference.py checks both inits through the reference model):
-- Linear weights N(0, 1/fan_in); the embedding N(0, 1); norm weights 1 + N(0, 0.1^2); biases
-  (LayerNorm bias, e_score_correction_bias) N(0, 0.05^2).
-- mHC fn N(0, 0.25/(n*H)), base N(0, 0.1^2), scale 1 + N(0, 0.1^2); attn_sink and ape N(0, 0.5^2).
-
-The tiny preset of `make-tiny` uses the reference model's own `init_random_` instead.
+"""Random weights straight from the spec, one tensor at a time (no model in memory): for checkpoints too large
+to build through the reference model (the full-width preset). Each tensor's values depend only on (seed,
+name), so tensors can be made in any order and streamed to disk; the distributions are those of the
+reference model's `init_random_`, so activations stay O(1) through every layer (tested).
 """
 
 from __future__ import annotations
@@ -32,8 +22,10 @@ def tensor_seed(seed: int, name: str) -> int:
 def random_tensor(
     config: Ernie55Config, name: str, spec: TensorSpec, seed: int, device: str | torch.device = "cpu"
 ) -> torch.Tensor:
-    """The fp32 value of tensor `name` for `seed` (see the module docstring for the scaling), made on
-    `device` (values depend on the device's generator: CPU and CUDA give different, equally good draws)."""
+    """The fp32 value of tensor `name` for `seed`, made on `device` (CPU and CUDA generators give different,
+    equally good draws): Linear weights N(0, 1/fan_in); the embedding N(0, 1); norm weights 1 + N(0, 0.1^2);
+    biases N(0, 0.05^2); mHC fn N(0, 0.25/(n*H)), base N(0, 0.1^2), scale 1 + N(0, 0.1^2); attn_sink and
+    ape N(0, 0.5^2)."""
     g = torch.Generator(device=device).manual_seed(tensor_seed(seed, name))
     shape = spec.shape
 

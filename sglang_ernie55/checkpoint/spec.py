@@ -1,18 +1,8 @@
-"""The checkpoint's tensor list, derived from the config alone (ARCHITECTURE.md, "Weight names").
+"""The checkpoint's tensor list, derived from the config alone (docs/checkpoints.md).
 
-`expected_tensors(config)` is the logical spec: every tensor name with its shape and its kind. It is
-the strict loader's contract and must equal the reference model's `state_dict()` names and shapes.
-`stored_tensors(config, fmt)` is what a checkpoint of format `bf16` or `fp8` holds on disk, FP8
-block scales included. Every other count of the checkpoint derives from this list: the parameter
-arithmetic (`parameter_counts`, behind `Ernie55Config.parameter_counts()`), the memory planner's
-weight bytes (`deploy/memory.py`), the strict loaders of both SGLang model classes.
-
-Kinds:
-- `fp32`:   raw parameters stored in fp32 in every format (`*_hc.{fn,base,scale}`, `attn_sink`,
-            `compressor.ape`, `e_score_correction_bias`, `model.hc_head.*`; no `.weight` suffix).
-- `bf16`:   stored in bf16 in every format (embeddings, lm_head, norms, routers, `weights_proj`).
-- `fp8`:    a large 2-D Linear weight: bf16 in a BF16 checkpoint; in an FP8 checkpoint
-            float8_e4m3fn plus `<name>_scale_inv` (fp32, one per 128x128 block, ragged edges rounded up).
+`expected_tensors(config)`: every logical tensor with its shape and kind, equal to the reference model's
+`state_dict()`; `stored_tensors(config, fmt)`: what a `bf16` or `fp8` checkpoint holds on disk, FP8 block
+scales included. Parameter counts, the planner's weight bytes and both strict loaders derive from this list.
 """
 
 from __future__ import annotations
@@ -93,12 +83,16 @@ def _fmt(desc) -> str:
 
 
 class TensorSpec(NamedTuple):
+    """`kind`: `fp32` raw parameters (no `.weight` suffix), fp32 in every format; `bf16` tensors, bf16 in every
+    format (embeddings, lm_head, norms, routers, `weights_proj`); `fp8` large 2-D Linear weights, bf16 in a
+    BF16 checkpoint and float8_e4m3fn + fp32 `<name>_scale_inv` (one per block) in an FP8 one."""
+
     shape: tuple[int, ...]
     kind: str
 
 
 def _linear_kind(name: str) -> str:
-    """2-D Linear weights are FP8 in an FP8 checkpoint, except these (ARCHITECTURE.md)."""
+    """2-D Linear weights are FP8 in an FP8 checkpoint, except these."""
     keep_bf16 = ("model.embed_tokens.", "lm_head.", ".mlp.routers.", ".indexer.weights_proj.")
     return KIND_BF16 if any(k in name for k in keep_bf16) else KIND_FP8
 

@@ -1,14 +1,8 @@
-"""Random checkpoints in the real format: the presets and the one function `make-tiny` calls.
+"""Random checkpoints in the real format: the `make-tiny` presets and `make_checkpoint`.
 
-Presets:
-- `tiny`: `tiny_config()` (4 layers, hidden 256, every feature; shapes with whole and ragged FP8
-  blocks). Weights from the reference model's `init_random_(seed)`, so the in-memory reference model
-  (`reference_model(config, seed)`) and the checkpoint hold bitwise the same BF16 weights.
-- `full-width`: the real widths (hidden 4096, 64 heads, 512 experts, latent 2048, vocab 103424) at
-  reduced depth (`--layers`, default 4), for GPU benchmarks. Weights stream tensor by tensor from
-  `random_init` (the reference model's distributions), never a whole model in host memory.
-
-`--layers N` on either preset sets num_hidden_layers and the layer kinds of `preset_layer_types(N)`.
+`tiny`: `tiny_config()`, weights from the reference model's `init_random_(seed)`, so the in-memory reference
+model and the checkpoint hold bitwise the same BF16 weights. `full-width`: the real widths at reduced depth
+(`--layers`, default 4) for GPU benchmarks, streamed tensor by tensor from `random_init`.
 """
 
 from __future__ import annotations
@@ -28,7 +22,7 @@ DEFAULT_INIT = {"tiny": "reference", "full-width": "spec"}
 
 def preset_layer_types(num_layers: int) -> list[str]:
     """Layer kinds for a reduced-depth stack: `mla_dsa` at layer 1 (after the dense layer 0) and where
-    i % 7 == 3, `hca` elsewhere; the last layer (ECHO's) stays HCA as in the full model (layer 42).
+    i % 7 == 3, `hca` elsewhere; the last layer (ECHO's) stays HCA as in the full model.
     N = 4 gives tiny_config()'s [hca, mla_dsa, hca, hca]."""
     kinds = [LAYER_MLA_DSA if (i == 1 or i % 7 == 3) else LAYER_HCA for i in range(num_layers)]
     if num_layers > 1:

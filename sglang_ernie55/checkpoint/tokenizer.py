@@ -1,17 +1,7 @@
-"""A small byte-level BPE tokenizer for tiny checkpoints, built offline with `tokenizers`.
-
-Trained on the built-in corpus below (English prose, arithmetic question/answer pairs, digits,
-punctuation), so prompts like "Question: What is 15% of 240?\\nAnswer:" split into sensible pieces.
-Byte-level: every string encodes, nothing maps to <unk>. Deterministic: the same vocab size gives
-the same files.
-
-Special tokens (ids as in `tiny_config()`): 0 `<unk>`, 1 `<s>` (BOS), 2 `</s>` (EOS), 3 `<pad>`.
-A `TemplateProcessing` post-processor adds BOS once at the start of every encoded sequence
-(`add_special_tokens=True`, the default), no EOS. The `<s>` text inside a prompt is NOT read as the
-BOS token: tokenizer_config.json sets `split_special_tokens: true` (transformers passes it to the
-fast tokenizer on every encode, SGLang's `get_tokenizer` included), so "<s>Hello" encodes as BOS +
-the bytes of "<s>Hello" and a user's own "<s>" can never become a second BOS. (`tokenizers`' own
-`encode_special_tokens` flag is not serialized in tokenizer.json, so the flag lives in the config.)
+"""A small byte-level BPE tokenizer for tiny checkpoints, built offline with `tokenizers` from the built-in
+corpus below (prose, arithmetic Q/A, digits, punctuation); deterministic, and every string encodes.
+Special tokens (ids as in `tiny_config()`): 0 `<unk>`, 1 `<s>` (BOS), 2 `</s>` (EOS), 3 `<pad>`; BOS is added
+once per encoded sequence, no EOS, and a `<s>` typed in a prompt stays text (`split_special_tokens`).
 """
 
 from __future__ import annotations
@@ -109,7 +99,8 @@ def tokenizer_config(model_max_length: int = MODEL_MAX_LENGTH) -> dict:
         "add_eos_token": False,
         "model_max_length": model_max_length,
         "clean_up_tokenization_spaces": False,
-        # "<s>" typed by a user is text, not the BOS token: BOS comes only from the post-processor.
+        # "<s>" typed by a user is text, not the BOS token: BOS comes only from the post-processor. The flag
+        # lives here because `tokenizers`' own `encode_special_tokens` is not serialized in tokenizer.json.
         "split_special_tokens": True,
         "padding_side": "left",
     }

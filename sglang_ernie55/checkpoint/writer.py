@@ -1,17 +1,9 @@
-"""Write a checkpoint directory in the real format (HF layout, ARCHITECTURE.md names).
+"""Write a checkpoint directory in the real format (HF layout, docs/checkpoints.md): config.json,
+generation_config.json, the tokenizer files, safetensors shards and their index.
 
-    DIR/config.json                       Ernie55Config.to_config_json() (+ quantization_config for FP8)
-    DIR/generation_config.json            do_sample false, temperature 1.0, top_p 0.95, BOS/EOS ids
-    DIR/tokenizer.json, tokenizer_config.json, special_tokens_map.json
-    DIR/model-0000k-of-0000N.safetensors  shards of at most `max_shard_bytes` (a bigger tensor alone)
-    DIR/model.safetensors.index.json      {"metadata": {"total_size": bytes}, "weight_map": {name: shard}}
-
-Tensors stream in (name, value) pairs, any float dtype; each is stored per its kind (spec.py): fp32
-raw parameters as fp32, the rest as bf16, and in an FP8 checkpoint the large Linear weights as
-float8_e4m3fn + fp32 `<name>_scale_inv`, quantized from the bf16-rounded value. Writing is strict
-(an unknown, duplicate or mis-shaped name raises CheckpointError at once, missing names at the end)
-and atomic (everything goes to a temporary sibling directory renamed into place at the end; on
-any error the temporary directory is removed).
+Each tensor is stored per its kind (spec.py); FP8 weights are quantized from the bf16-rounded value. Writing
+is strict (a bad name raises at once, missing names at the end) and atomic (a temporary sibling directory,
+renamed into place at the end, removed on any error).
 """
 
 from __future__ import annotations
