@@ -3,6 +3,7 @@ package SGLang depends on), hardware cells ship as package data, and both `kerne
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import zipfile
@@ -42,13 +43,17 @@ def test_installed_wheel_imports_both_kernels_packages(wheel, tmp_path):
         timeout=300,
     )
     code = (
-        f"import sys; sys.path.insert(0, {str(target)!r}); "
         "import kernels, sglang_ernie55.kernels as ours; "
         f"assert ours.__file__.startswith({str(target)!r}), ours.__file__; "
         f"assert not kernels.__file__.startswith({str(target)!r}), kernels.__file__; "
         "print('OK', kernels.__name__, ours.__name__)"
     )
     out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(target)},  # the installed wheel first
     )
     assert out.returncode == 0 and "OK kernels sglang_ernie55.kernels" in out.stdout, out.stderr[-3000:]

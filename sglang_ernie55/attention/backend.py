@@ -47,7 +47,7 @@ class Ernie55AttnBackend(AttentionBackend):
         if not isinstance(pool, Ernie55TokenToKVPool):
             raise TypeError(
                 f"the ernie55 attention backend serves ERNIE-5.5 only; its KV pool is {type(pool).__name__}, "
-                "expected Ernie55TokenToKVPool (is sglang_ernie55.mem_cache.register() active?)"
+                "expected Ernie55TokenToKVPool (is the sglang_ernie55 plugin loaded? its patches.register() installs the pool hook)"
             )
         from sglang.srt.runtime_context import get_parallel
 

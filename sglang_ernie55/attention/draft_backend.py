@@ -1,34 +1,8 @@
-"""Attention backends of the ECHO draft: window-only attention over `EchoDraftKVPool` (torch, stage 1).
+"""Attention backends of the ECHO draft: window-only attention over `EchoDraftKVPool` (docs/echo.md).
 
-Every draft query at position p reads the draft's own rows at positions max(0, p-W+1) .. p of its
-request (`pool.window_loc(req_to_token[req, pos])`, the SWA slot in hybrid mode: SGLang's EAGLE v2 has
-already placed every position of the iteration's verify window in `req_to_token`, so draft-extend,
-chained draft decode and the rows they write are all addressed the same way). An HCA last layer adds the per-head sink (its K = V rows carry
-no compressed entries); an MLA-DSA last layer runs plain absorbed MLA over the window (no indexer).
-
-Each row gathers exactly W keys: one fixed-shape program per token count, so SGLang's CUDA-graph runners
-record it with no metadata of their own (`init_cuda_graph_state` allocates nothing; `in_graph` is empty):
-
-- draft decode (`EAGLEDraftCudaGraphRunner`, steps >= 2): one row per request;
-- draft extend (`EAGLEDraftExtendCudaGraphRunner`, DRAFT_EXTEND_V2; captured for ECHO by the
-  `_capture_cuda_graphs` hook in `sglang_ernie55.speculative`): `num_tokens_per_req` = speculative_num_draft_tokens
-  = S+1 rows per request, request-major, over the runner's static buffers. At capture the runner zeroes
-  `req_pool_indices` / `positions` / `out_cache_loc` and calls `init_forward_metadata_out_graph(fb,
-  in_capture=True)`, then, inside the graph, `init_forward_metadata_in_graph(fb)` and the model forward; at
-  replay it copies the batch into the buffers (padded requests: req slot 0, position 0, out_cache_loc 0,
-  seq_len `get_cuda_graph_seq_len_fill_value()` = 1) and calls `init_forward_metadata_out_graph(view)` on a
-  namespace view before `graph.replay()`.
-
-In both the request of each query row is `req_pool_indices.repeat_interleave(T // bs)` computed *in the
-forward* from the (static) `req_pool_indices`, and its position is `positions`: the graph records the gather,
-not a tensor built outside it, so a replay addresses the replayed batch. Padded rows read request slot 0
-(SGLang's reserved all-zero `req_to_token` row) and write slot 0, which `window_loc` maps into the draft
-pool's padding page (the SWA padding page in hybrid mode): they never read or write a live row. The ragged
-prefill draft-extend (EXTEND, eager only) takes its row -> request map from `extend_seq_lens_cpu`.
-
-- `EchoDraftAttnBackend`: draft-extend (prefill EXTEND, DRAFT_EXTEND_V2) and one decode step;
-- `EchoMultiStepDraftBackend`: the per-step container SGLang's EAGLE worker drives (`attn_backends[i]`
-  for chained step i, steps - 1 of them).
+`EchoDraftAttnBackend` serves draft-extend (prefill EXTEND, DRAFT_EXTEND_V2) and one decode step;
+`EchoMultiStepDraftBackend` is the per-step container SGLang's EAGLE worker drives (`attn_backends[i]`).
+Every row gathers exactly W keys, so SGLang's draft CUDA-graph runners record it with no metadata of their own.
 """
 
 from __future__ import annotations
@@ -47,6 +21,17 @@ from .torch_path import masked_sink_attention
 logger = logging.getLogger(__name__)
 
 
+# A draft query at position p reads the draft's own rows at positions max(0, p-W+1) .. p of its request
+# (`pool.window_loc(req_to_token[req, pos])`: SGLang's EAGLE v2 has already placed every position of the
+# iteration's verify window in `req_to_token`, so draft-extend, chained draft decode and the rows they write are
+# addressed the same way). An HCA last layer adds the per-head sink; an MLA-DSA last layer runs plain absorbed MLA
+# over the window (no indexer).
+#
+# Under CUDA graphs (draft decode: `EAGLEDraftCudaGraphRunner`; draft extend: `EAGLEDraftExtendCudaGraphRunner`,
+# S+1 rows per request) each row's request is `req_pool_indices.repeat_interleave(T // bs)` computed in the
+# forward from the runner's static buffers, so a replay addresses the replayed batch. Padded rows read request
+# slot 0 (SGLang's all-zero `req_to_token` row) and write slot 0, which `window_loc` maps into the draft pool's
+# padding page. The ragged prefill draft-extend (eager) takes its row -> request map from `extend_seq_lens_cpu`.
 class EchoDraftAttnBackend(AttentionBackend):
     needs_cpu_seq_lens = False
 
@@ -56,7 +41,7 @@ class EchoDraftAttnBackend(AttentionBackend):
         if not isinstance(pool, EchoDraftKVPool):
             raise TypeError(
                 f"the ECHO draft backend needs EchoDraftKVPool, the draft runner's pool is {type(pool).__name__} "
-                "(is sglang_ernie55.speculative.register() active?)"
+                "(is the sglang_ernie55 plugin loaded? its patches.register() installs the pool hook)"
             )
         cfg = model_runner.model_config.hf_config
         self.pool = pool

@@ -1,19 +1,7 @@
-"""Which compute serves each layer kind of the `ernie55` backend (`SGLANG_ERNIE55_ATTN_IMPL`), and the
-implementation objects that run it (`build`: one `TorchPath` and / or one `KernelPath`).
-
-| value | HCA / MLA-DSA layers run on |
-| --- | --- |
-| `auto` (default) | FlashMLA's sparse decode where its geometry fits and `flash_mla` imports (fp8 KV, head width 512 / latent 512 + rope 64, <= 128 local heads padded to 64 / 128, CUDA), else the Triton kernels on CUDA; the torch path on CPU and for dense (fp32 exactness) pools |
-| `torch` | the torch path (`torch_path.TorchPath`; the CPU path and the kernels' oracle) |
-| `triton` | the Triton kernels (CUDA, or Triton's CPU interpreter under `TRITON_INTERPRET=1`) |
-| `flashmla` | FlashMLA for the attention; cache stores, compression and the indexer on the Triton kernels |
-
-A forced choice that cannot serve a layer kind raises `ValueError` naming the kind, the reason and the legal
-values. Under SGLang's `--enable-deterministic-inference` only the Triton kernels serve on CUDA, in their
-batch-invariant mode (fixed key splits, kernels/sparse_attn.py `split_keys`): `auto` skips FlashMLA (its tile
-scheduler splits keys by the batch's shape) and a forced `flashmla` or `torch` (the torch path's reductions follow
-the batch's widths) is refused; on CPU the torch path serves with a warning (nothing there is batch invariant). Cache stores, block compression and the lightning indexer run on the Triton kernels in both
-kernel modes (FlashMLA has no such kernels). `flash_mla` is imported lazily (it does not import on CPU).
+"""Which compute serves each layer kind of the `ernie55` backend (`SGLANG_ERNIE55_ATTN_IMPL`: `auto`, `torch`,
+`triton`, `flashmla`; docs/server-args.md), and the implementation objects that run it (`build`: one
+`TorchPath` and / or one `KernelPath`). A forced choice that cannot serve a layer kind raises `ValueError`
+naming the kind, the reason and the legal values. `flash_mla` is imported lazily (it does not import on CPU).
 """
 
 from __future__ import annotations
@@ -142,6 +130,10 @@ def choose(
     return Choice(TORCH, f"auto: no kernel fits ({why_t})")
 
 
+# Under --enable-deterministic-inference only the Triton kernels serve on CUDA, in their batch-invariant
+# mode (fixed key splits): `auto` skips FlashMLA (its tile scheduler splits keys by the batch's shape) and a
+# forced `flashmla` or `torch` (the torch path's reductions follow the batch's widths) is refused; on CPU the
+# torch path serves with a warning (nothing there is batch invariant).
 def _choose_deterministic(requested: str, kind: str, cfg, pool, layer_id: int) -> Choice:
     """--enable-deterministic-inference: the Triton kernels with fixed key splits, or (CPU only) the torch path."""
     import torch

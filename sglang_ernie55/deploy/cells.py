@@ -1,31 +1,7 @@
-"""Hardware cells: the declarative launch recipes in `sglang_ernie55/cells/*.toml` (package data
-`sglang_ernie55.cells`), the GPU table they refer to, and the command lines they turn into.
-
-A cell is one (hardware, precision, strategy) triple with its node layout, the `sglang serve` flags
-(canonical long option names, no abbreviations), the environment, and who verified it. Schema of a
-cell file:
-
-```toml
-[cell]
-hardware = "h100"            # a key of GPUS
-precision = "bf16"           # fp8 | bf16 (selects the checkpoint, see MODELS)
-strategy = "high-throughput" # one of STRATEGIES
-nodes = 2                    # hosts (GB200/GB300: trays of 4 GPUs)
-gpus_per_node = 8
-summary = "one line"
-
-[verified]
-vendor = false               # the vendor's cookbook lists this cell as verified
-vendor_note = "why / what"
-project = false              # this project ran it on the hardware ...
-project_date = ""            # ... on this ISO date (required when project = true)
-
-[flags]                      # `sglang serve` flags in order; true = a store_true flag
-tp-size = 16
-attn-dp-size = 2
-
-[env]                        # environment of every rank (may be empty)
-```
+"""Hardware cells: the declarative launch recipes in `sglang_ernie55/cells/*.toml`, the GPU table they refer
+to, and the command lines they turn into. A cell is one (hardware, precision, strategy) triple with its node
+layout, the `sglang serve` flags (canonical long names), the environment, and who verified it; the file
+schema is in docs/cli.md.
 """
 
 from __future__ import annotations

@@ -1,40 +1,7 @@
-"""Memory planner: weight bytes per GPU, KV bytes per token, pool sizes and a fits / does-not-fit verdict
-for a hardware cell, all derived from `Ernie55Config` and the KV layouts of `sglang_ernie55.kernels.layout`.
-
-The budget of one GPU (every number in 10^9-byte GB, GPU memory as the vendor states it):
-
-    HBM = weights (this GPU's share) + runtime reserve + prefill scratch + request state + KV pool
-
-- weights: every tensor of the checkpoint's list (`checkpoint.spec.expected_tensors`), at the bytes
-  its kind takes on disk. FP8 checkpoint: every large Linear 1 byte/param plus one fp32 scale per
-  128x128 block; embeddings, lm_head, norms, routers, weights_proj BF16; mHC params, biases, `ape`,
-  `attn_sink` FP32. BF16 checkpoint: the same with Linears at 2 bytes. Sharding
-  as SGLang does it: attention modules over the attention-TP group (tp / attn-dp / attn-cp), FFN
-  (dense, routed and shared experts, latent projections) over all `tp` ranks (EP or TP, same bytes),
-  embedding over the attention-TP group (replicated under attention DP), lm_head over `tp` (attention
-  TP with `--enable-dp-lm-head`), routers and mHC / norms replicated; ECHO's own tensors replicated and
-  only with `--speculative-algorithm`.
-- runtime reserve: RESERVE_FRACTION (10%) of HBM: CUDA context, CUDA graphs, NCCL / all-to-all
-  buffers, MoE and attention activations of one prefill chunk, allocator slack.
-- prefill scratch: the DSA indexer scores one prefill chunk against the whole context in fp32:
-  chunk x context x 4 bytes (the chunk per attention-DP rank: SGLang divides --chunked-prefill-size by it) (8192 x 131072 -> 4.3 GB; 8192 x 1M -> 34 GB; this is what makes 1M
-  contexts expensive, not the KV).
-- request state: the HCA open-block compressor state, fp32 [compress_ratio, 2 x head_dim] per HCA
-  layer per request slot (~19 MB per running request at full size; twice that with
-  `--speculative-algorithm`: a two-block ring, so rejected drafts can recompute a block), for
-  `max-running-requests` slots per attention-DP rank.
-- KV pool: the rest. Per token, one "full" pool (MLA-DSA latent + rope and indexer key on every
-  MLA-DSA layer; one compressed HCA entry per `compress_ratio` tokens on every HCA layer) plus the
-  SWA window pool at `--swa-full-tokens-ratio` (0.1) of the full pool's tokens (HCA window on every
-  HCA layer, plus the ECHO draft's window layer when speculating). The pool is replicated across the
-  attention-TP ranks (one KV head), so its capacity counts once per attention-DP rank; attention CP
-  splits a sequence's tokens over its ranks.
-
-Verdict: a layout FITS when weights + reserve + scratch + state leave a KV pool of at least
-KV_SHARE_MIN (25%) of HBM -- the sizing rule that reproduces the vendor's minimum-GPU table (its
-cells leave 37-51%; the next smaller power of two leaves <= 15%, or nothing) -- and that pool holds
-one request of the full context. Concurrency beyond what the pool holds at full context is reported,
-not failed: SGLang queues and retracts instead.
+"""Memory planner: weight bytes per GPU, KV bytes per token, pool sizes and a fits / does-not-fit verdict for
+a hardware cell, all derived from `Ernie55Config`, the checkpoint's tensor list and the KV layouts of
+`sglang_ernie55.kernels.layout`. The budget model (weights + runtime reserve + prefill scratch + request
+state + KV pool, in 10^9-byte GB) and the verdict rule are in docs/cli.md.
 """
 
 from __future__ import annotations

@@ -1,15 +1,8 @@
-"""Which compute runs the model's per-layer work outside attention (`SGLANG_ERNIE55_LAYER_IMPL`).
-
-| value | mHC sites + hc_head, MoE routing, fp32 RMSNorms, RoPE run on |
-| --- | --- |
-| `auto` (default) | the Triton kernels (`sglang_ernie55.kernels`: `mhc`, `router`, `norm`, `rope`) for CUDA tensors, the layers' torch math for CPU tensors |
-| `torch` | the layers' torch math everywhere (the CPU path; tests compare it and the kernels with the oracle, `sglang_ernie55.reference`) |
-| `triton` | the Triton kernels (CUDA tensors, or any tensor under `TRITON_INTERPRET=1`, Triton's CPU interpreter); a CPU tensor without the interpreter raises `ValueError` |
-
-The choice is made per call from the tensor's device (a host-side check: no sync, nothing recorded into a
-CUDA graph), so a CPU server keeps the torch path and the same model object runs the kernels once on CUDA.
-Every kernel is row-wise (one token's result never depends on the other tokens of the batch) and has
-fixed-shape outputs, so decode stays CUDA-graph capturable and batch-invariant.
+"""Which compute runs the model's per-layer work outside attention (`SGLANG_ERNIE55_LAYER_IMPL`: `auto`,
+`torch`, `triton`; docs/server-args.md): mHC sites and hc_head, MoE routing, fp32 RMSNorms, RoPE.
+The choice is made per call from the tensor's device (host-side: no sync, nothing recorded into a graph), so
+a CPU server keeps the torch path and the same model object runs the kernels on CUDA. Every kernel is
+row-wise with fixed-shape outputs: decode stays graph-capturable and batch-invariant.
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
-"""Per-layer FP8 policy of the model's Linears: which ones keep SGLang's FP8 block method.
-
-SGLang's FP8 block method (128x128, Triton `w8a8_block_fp8_matmul` where DeepGEMM is absent) needs
-the activation width to be a multiple of 128 (per-token-group activation quantisation) and, once
-sharded or merged, the output width too. Every Linear of the full-size model qualifies; the tiny
-test geometry has ragged widths on purpose. A Linear that does not qualify is built unquantized
-and the model's loader dequantizes its FP8 tensors (`checkpoint.fp8.Fp8Pairs`, ARCHITECTURE.md
-convention 12), so both paths compute the same W.
+"""Per-layer FP8 policy of the model's Linears: which ones keep SGLang's FP8 block method. That method needs
+the activation width, and once sharded or merged the output width, to be multiples of 128; every Linear of
+the full-size model qualifies. A Linear that does not is built unquantized and the loader dequantizes its
+FP8 tensors (`checkpoint.fp8.Fp8Pairs`), so both paths compute the same W.
 """
 
 from __future__ import annotations

@@ -1,11 +1,6 @@
-"""mHC residual streams for the SGLang model: parameters named as the checkpoint, fp32 math.
-
-Two computes, chosen per call by `layers.impl.use_kernels` (SGLANG_ERNIE55_LAYER_IMPL):
-- the Triton kernels (`sglang_ernie55.kernels.mhc`; CUDA by default): per site one fp32 GEMM for the mix
-  and one fused kernel (row RMS, split, Sinkhorn, weighted stream sum), one kernel for hc_post;
-- torch (`layers.mhc_torch`; CPU servers): small torch ops, six per Sinkhorn iteration, 20 iterations a site.
-Both have static shapes (decode CUDA graphs capture them) and work per token (batch-invariant); tests
-compare both with the oracle, `sglang_ernie55.reference.mhc`.
+"""mHC residual streams for the SGLang model: parameters named as the checkpoint, fp32 math. Two computes,
+chosen per call by `layers.impl.use_kernels`: the Triton kernels (`kernels.mhc`; per site one fp32 GEMM and
+one fused kernel) or torch (`layers.mhc_torch`, CPU servers). Both have static shapes and work per token.
 """
 
 from __future__ import annotations

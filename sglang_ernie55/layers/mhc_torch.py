@@ -1,9 +1,8 @@
 """The serving torch compute of the mHC sites and `hc_head` (CPU servers, SGLANG_ERNIE55_LAYER_IMPL=torch).
 
-The math of ARCHITECTURE.md's mHC block, written for a batch of rows: fixed shapes from the operands (a
-decode CUDA graph captures it, T = 0 included), no host sync, fp32 throughout, every row independent of
-the others (batch-invariant). Operations and their order are those of the oracle (`reference/mhc.py`), so
-both give the same bits; the oracle stays a separate implementation that tests compare this one with.
+The mHC block for a batch of rows: fixed shapes (a decode CUDA graph captures it, T = 0 included), no host
+sync, fp32, every row independent of the others. Operations and their order are the oracle's
+(`reference/mhc.py`), so both give the same bits; tests compare the two.
 """
 
 from __future__ import annotations

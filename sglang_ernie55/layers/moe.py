@@ -1,16 +1,7 @@
-"""ERNIE-5.5 FFNs for SGLang: the dense SwiGLU of layer 0 and the multi-router latent MoE.
-
-Latent MoE (ARCHITECTURE.md): s = mean_r sigmoid(x R_r^T) (fp32); ids = top-k(s + bias) (ties to
-the lower expert id); w = s[ids] / (sum + 1e-20) * routed_scaling_factor; routed experts run in
-the `moe_latent_size` latent through SGLang's `FusedMoE` (Triton runner); the shared expert runs
-at full width. Routing is ours (no in-tree `TopK` mode matches), handed to FusedMoE as a
+"""ERNIE-5.5 FFNs for SGLang: the dense SwiGLU of layer 0 and the multi-router latent MoE, whose routed
+experts run in the `moe_latent_size` latent through SGLang's `FusedMoE` (Triton runner) and whose shared
+expert runs at full width. Routing is ours (no in-tree `TopK` mode matches), handed to FusedMoE as a
 `StandardTopKOutput`.
-
-Routing compute (SGLANG_ERNIE55_LAYER_IMPL, `layers.impl`): on the kernels, one fp32 GEMM against the
-routers concatenated once into an fp32 [R*E, H] matrix (`router_matrix`; the routers' parameters become
-views of it, so a later in-place weight update reaches it) and `kernels.router.multi_router_topk` (sigmoid,
-mean, bias, top-k with the reference's tie rule, normalisation, scaling: one program per token); on torch,
-the same rule in torch ops (a stable sort of all E experts).
 """
 
 from __future__ import annotations
@@ -61,6 +52,11 @@ class Ernie55SwiGLU(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)[0]) * self.up_proj(x)[0])[0]
 
 
+# Routing: s = mean_r sigmoid(x R_r^T) (fp32); ids = top-k(s + bias) (ties to the lower expert id);
+# w = s[ids] / (sum + 1e-20) * routed_scaling_factor. On the kernels: one fp32 GEMM against the routers
+# concatenated once into an fp32 [R*E, H] matrix (`router_matrix`; the routers' parameters become views of it,
+# so an in-place weight update reaches it) and `kernels.router.multi_router_topk`; on torch, the same rule in
+# torch ops (a stable sort of all E experts).
 class Ernie55LatentMoE(nn.Module):
     def __init__(self, config, layer_id: int, quant_config=None, prefix: str = ""):
         super().__init__()

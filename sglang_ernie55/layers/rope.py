@@ -118,7 +118,7 @@ class RopePositions:
 
 
 class RopeTable(nn.Module):
-    """One YaRN inverse-frequency table shared by every layer (ARCHITECTURE.md convention 2)."""
+    """One YaRN inverse-frequency table shared by every layer."""
 
     def __init__(self, config):
         super().__init__()

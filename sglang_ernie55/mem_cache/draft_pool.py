@@ -1,19 +1,6 @@
-"""The ECHO draft's KV pool: the window rows of one layer (the target's last), nothing else.
-
-SGLang's EAGLE draft worker shares the target's `req_to_token` and token allocator, so the draft pool is
-addressed like the target's window rows: at the SWA slot `window_loc(loc)` of the target's
-`SWATokenToKVPoolAllocator` (SGLang registers the allocator's `full_to_swa_index_mapping` with the draft
-pool too, as DSV4's SWA-only draft pool), or at the full slot without an SWA pool; row 0 .. page_size-1 is
-the padding page. It holds only what the window-only draft attention reads (ARCHITECTURE.md convention 11):
-
-- HCA last layer: the normed, roped kv row [head_dim] per token, in the target's window layout
-  (kernels/layout.py: SGLang's V4 layout in fp8, 584 B/token; bf16). No compressed entries, no open-block
-  state: the sink is a parameter of the shared layer.
-- MLA-DSA last layer: `[latent | k_pe]` per token; no indexer keys (plain MLA over the window).
-
-The draft attends only the `window_size` most recent positions: SGLang's SWA eviction frees the rows of
-tokens that left the target's window (the same window), so the pool holds `swa_size + page_size` rows.
-Bytes per token: `echo_bytes_per_token` (reserved per SWA token by the target's pool configurator).
+"""The ECHO draft's KV pool: the window rows of one layer (the target's last), nothing else, addressed like
+the target's window rows (SGLang's EAGLE draft worker shares the target's `req_to_token` and allocator).
+Bytes per token: `echo_bytes_per_token`, reserved per SWA token by the target's pool configurator.
 """
 
 from __future__ import annotations
@@ -32,6 +19,12 @@ def echo_bytes_per_token(config, kv_dtype: torch.dtype, page_size: int = SERVING
     return PoolLayout(config, kv_dtype, page_size, echo=True).draft_row
 
 
+# Rows sit at the SWA slot `window_loc(loc)` of the target's `SWATokenToKVPoolAllocator` (SGLang registers its
+# `full_to_swa_index_mapping` with the draft pool too, as DSV4's SWA-only draft pool), or at the full slot
+# without an SWA pool; row 0 .. page_size-1 is the padding page. HCA last layer: the normed, roped kv row per
+# token in the target's window layout (no compressed entries, no open-block state). MLA-DSA last layer:
+# `[latent | k_pe]` per token, no indexer keys. SGLang's SWA eviction frees rows that left the window, so the
+# pool holds `swa_size + page_size` rows.
 class EchoDraftKVPool(SWAWindowAddressing, OwnRowsKVSurface, KVCache):
     """One layer of per-token rows at `window_loc(loc)` (SWA slots of the target's allocator in hybrid mode);
     `layer_id` is the target's last layer (the draft runs that very module, whose RadixAttention carries that

@@ -1,23 +1,7 @@
-"""`Ernie55TokenToKVPool`: the KV pool of ERNIE-5.5 (docs/serving-design.md section 4).
-
-A hybrid pool in SGLang's sense (`BaseSWAKVPool`): SGLang's `SWATokenToKVPoolAllocator` hands out a
-full-pool slot `loc` and an SWA slot per token and registers its `full_to_swa_index_mapping` here.
-
-Per HCA layer: window kv rows at the SWA slot `window_loc(loc)` (`swa_size + page_size` rows), compressed
-entries at `loc // ratio` (two per 256-token page, plus one scratch row), and the request-scoped open-block
-state `[req slot (+1 scratch), state_blocks * ratio, 2 * head_dim]` fp32, a ring (token p at row
-`p % (state_blocks * ratio)`): one block, or two when the server runs speculative decoding (a rejected draft
-past a block boundary must not overwrite the rows of the block it would complete; kernels/layout.py). Per MLA-DSA layer: `[latent | k_pe]` and the
-indexer key at `loc`. Row 0 .. page_size-1 of every token-addressed buffer is SGLang's padding page (the
-SWA side too: padded CUDA-graph rows write full slot 0, which maps to SWA slot 0).
-
-Without an SWA pool (`swa_size=None`: `--disable-hybrid-swa-memory`, or a pool built outside SGLang's
-hybrid path) the window rows sit at the full slot (`window_loc` is the identity, `size + page_size` rows).
-
-KV dtypes `bfloat16` and `fp8_e4m3`: every buffer is a paged uint8 pool in the byte layout of
-`sglang_ernie55.kernels.layout` (HCA_FP8 = SGLang's V4 layout, MLA_FP8 = FlashMLA's V3.2 layout,
-IDX_FP8; or the bf16 layouts), written and read through the byte-exact torch twins of helper-4's
-kernels (`PackedRows`), so the Triton kernels can take over reads and writes without a layout change.
+"""`Ernie55TokenToKVPool`: the KV pool of ERNIE-5.5 (docs/serving-design.md section 4, docs/kv-layout.md), a
+hybrid pool in SGLang's sense (`BaseSWAKVPool`) whose every buffer is a paged uint8 pool in the byte layout
+of `sglang_ernie55.kernels.layout`, written and read through the byte-exact torch twins of the kernels
+(`PackedRows`), so the Triton kernels read and write the same bytes.
 """
 
 from __future__ import annotations
@@ -96,7 +80,7 @@ class OwnRowsKVSurface:
     def _unsupported(self, what: str):
         raise NotImplementedError(
             f"{type(self).__name__}: {what} is not supported ({self._ACCESS_NOTE}; "
-            "HiCache/PD/generic KV access are a later stage)"
+            "HiCache, PD and generic KV access are not supported by this pool)"
         )
 
     def get_key_buffer(self, layer_id: int):
@@ -186,6 +170,14 @@ class SWAWindowAddressing:
         return torch.where(fp >= 0, swa, fp).to(full_pages.dtype)
 
 
+# SGLang's `SWATokenToKVPoolAllocator` hands out a full-pool slot `loc` and an SWA slot per token and registers
+# its `full_to_swa_index_mapping` here. Per HCA layer: window kv rows at the SWA slot `window_loc(loc)`
+# (`swa_size + page_size` rows), compressed entries at `loc // ratio`, and the request-scoped open-block state
+# `[req slot (+1 scratch), state_blocks * ratio, 2 * head_dim]` fp32, a ring (token p at row
+# `p % (state_blocks * ratio)`): two blocks when speculating, so a rejected draft past a block boundary does
+# not overwrite the block it would complete. Per MLA-DSA layer: `[latent | k_pe]` and the indexer key at
+# `loc`. Row 0 .. page_size-1 of every token-addressed buffer is the padding page (the SWA side too).
+# Without an SWA pool (`--disable-hybrid-swa-memory`) the window rows sit at the full slot.
 class Ernie55TokenToKVPool(SWAWindowAddressing, OwnRowsKVSurface, BaseSWAKVPool):
     """Hybrid HCA / MLA-DSA pool: full-pool slots for compressed entries, MLA latents and indexer keys; SWA
     slots (`window_loc`) for the HCA window rows."""

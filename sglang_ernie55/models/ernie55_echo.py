@@ -1,19 +1,7 @@
-"""ERNIE-5.5-Flash ECHO speculative draft for SGLang (`Ernie5_5MoeMTPModel`), docs/echo.md.
-
-The draft owns only the checkpoint's `echo.{enorm,hnorm,e_proj,h_proj,norm}`. Everything else it runs
-is the target's, the same modules and tensors (no copy in GPU memory): the embedding, the backbone's
-last decoder layer, `model.hc_head` and the lm_head. SGLang builds the draft before it can know the
-target, so `attach_target(target)` binds them after both models are loaded; it is called by the AFTER
-hook on `EagleDraftWorker.init_lm_head` (sglang_ernie55.speculative), which runs before any draft
-forward, attention-backend set-up or CUDA-graph capture.
-
-Per entry i (position i; SGLang's EAGLE/NEXTN layout, ARCHITECTURE.md convention 11):
-    R0 = e_proj(enorm(embed(token_{i+1})))[:, None] + h_proj(hnorm(streams_i))   -> [T, n, H]
-    R  = last_layer(R0)            # attention: window only over the draft's own KV (the draft backend)
-    logits = lm_head(echo.norm(hc_head(R)));  R (flattened) is handed back for the next chained step
-`streams_i` arrive as `forward_batch.spec_info.hidden_states` [T, n*H]: the target's pre-hc_head streams
-(which the target model passes to its LogitsProcessor as `hidden_states_before_norm`) or, in chained
-steps, this draft's own R.
+"""ERNIE-5.5-Flash ECHO speculative draft for SGLang (`Ernie5_5MoeMTPModel`), docs/echo.md. The draft owns
+only the checkpoint's `echo.{enorm,hnorm,e_proj,h_proj,norm}`; the embedding, the backbone's last decoder
+layer, `model.hc_head` and the lm_head are the target's own modules, bound by `attach_target` (the AFTER
+hook on `EagleDraftWorker.init_lm_head`) before any draft forward or graph capture.
 """
 
 from __future__ import annotations
@@ -90,6 +78,12 @@ class EchoHead(nn.Module):
         self.norm = RMSNorm(H, eps=eps)
 
 
+# Per entry i (SGLang's EAGLE/NEXTN layout):
+#     R0 = e_proj(enorm(embed(token_{i+1})))[:, None] + h_proj(hnorm(streams_i))   -> [T, n, H]
+#     R  = last_layer(R0)            # attention: window only over the draft's own KV (the draft backend)
+#     logits = lm_head(echo.norm(hc_head(R)));  R (flattened) is handed back for the next chained step
+# `streams_i` arrive as `forward_batch.spec_info.hidden_states` [T, n*H]: the target's pre-hc_head streams
+# (its LogitsProcessor's `hidden_states_before_norm`) or, in chained steps, this draft's own R.
 class Ernie5_5MoeMTPModel(nn.Module):
     """SGLang EntryClass for the ECHO draft (`_config_draft_model` maps Ernie5_5_MoeForCausalLM here)."""
 
@@ -143,7 +137,7 @@ class Ernie5_5MoeMTPModel(nn.Module):
         if not self._target:
             raise RuntimeError(
                 "the ECHO draft runs the target's last layer, hc_head and lm_head, and was not attached to "
-                "the target (sglang_ernie55.speculative.register() hooks EagleDraftWorker.init_lm_head to do it)"
+                "the target (the plugin's AFTER hook on EagleDraftWorker.init_lm_head does it; sglang_ernie55.patches)"
             )
         return self._target
 

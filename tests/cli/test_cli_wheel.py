@@ -3,6 +3,7 @@ wheel (importlib.resources), not from the source tree."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import zipfile
@@ -41,12 +42,17 @@ def test_installed_wheel_reads_its_cells(wheel, tmp_path):
         timeout=300,
     )
     code = (
-        f"import sys; sys.path.insert(0, {str(target)!r}); import sglang_ernie55.deploy.cells as c; "
+        "import sglang_ernie55.deploy.cells as c; "
         f"assert c.__file__.startswith({str(target)!r}), c.__file__; "
         "cell = c.find_cell('h100', 'bf16', 'high-throughput'); print(len(c.load_cells()), cell.shell_command())"
     )
     out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(target)},  # the installed wheel first
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.startswith("48 sglang serve --model-path baidu/ERNIE-5.5-Flash-Base-BF16 --tp-size 16")
