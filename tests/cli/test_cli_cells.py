@@ -102,12 +102,27 @@ def test_strategy_shape(name):
     else:
         assert "speculative-algorithm" not in f
     if cell.strategy == "high-throughput":
-        assert attn_dp == tp, "high throughput = attention DP over every GPU"
+        if (cell.hardware, cell.precision) == ("h100", "bf16"):
+            # the deployment guides' exception: 2x8 H100 keep attention TP at 8
+            assert (tp, attn_dp) == (16, 2), "H100 BF16 high throughput is --tp 16 --attn-dp-size 2"
+        else:
+            assert attn_dp == tp, "high throughput = attention DP over every GPU"
     if cell.strategy == "long-context":
         assert f["context-length"] == 1048576
         assert f["max-running-requests"] <= 8 and f["cuda-graph-max-bs-decode"] <= f["max-running-requests"]
     else:
         assert f["context-length"] == 131072
+
+
+@pytest.mark.parametrize("name", ids)
+def test_attention_tp_divides_the_models_heads(name):
+    """Each attention-TP rank owns whole heads, whole HCA output groups and whole indexer heads."""
+    cell = CELLS[name]
+    tp, dp, cp = cell.int_flag("tp-size"), cell.int_flag("attn-dp-size"), cell.int_flag("attn-cp-size")
+    assert tp % (dp * cp) == 0, (tp, dp, cp)
+    attn_tp = tp // (dp * cp)
+    for field in ("num_attention_heads", "o_groups", "index_n_heads"):
+        assert getattr(FULL, field) % attn_tp == 0, (field, getattr(FULL, field), attn_tp)
 
 
 # ------------------------------------------------------------------------------------------ SGLang's parser
