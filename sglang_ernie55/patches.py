@@ -69,9 +69,13 @@ _RESOLUTION_UNTIL = "when SGLang has per-architecture validation callbacks"
 _VALIDATE = "sglang_ernie55.args.requests:validate_request_hook"
 _VALIDATE_WHY = (
     "SGLang serves a request whatever its `model` names, and under PD disaggregation `n > 1` hangs "
-    "(its samples share one bootstrap room)"
+    "(its samples share one bootstrap room); the content rules of the tokenizer manager's row are checked "
+    "here too, so that a streaming request gets its 400 before the stream starts"
 )
-_VALIDATE_UNTIL = "when SGLang checks the served name itself and supports `n > 1` under PD"
+_VALIDATE_UNTIL = (
+    "when SGLang checks the served name itself, supports `n > 1` under PD and bounds token ids and "
+    "logprob counts by the vocabulary"
+)
 _SPEC = "sglang_ernie55.speculative"
 _EW2 = "sglang.srt.speculative.eagle_worker_v2"
 _DRAFT_UTILS = "sglang.srt.speculative.draft_utils"
@@ -198,6 +202,17 @@ LEDGER: tuple[Patch, ...] = (
         ("request",),
         _VALIDATE_WHY,
         _VALIDATE_UNTIL,
+    ),
+    Patch(
+        "sglang.srt.managers.tokenizer_manager:TokenizerManager._validate_one_request",
+        Kind.AROUND,
+        "sglang_ernie55.args.requests:validate_one_request_hook",
+        ("obj", "input_ids"),
+        "SGLang passes prompt token ids outside the vocabulary, a top-logprobs count above it and an empty "
+        "prompt of a batch to the scheduler, where the embedding, `topk` or the KV write raises and the "
+        "server exits; an empty stop string ends every answer before its first token",
+        "when SGLang bounds token ids and logprob counts by the vocabulary and refuses empty prompts and stop "
+        "strings itself",
     ),
     # ------------------------------------------------------------------ model, backend, pool
     Patch(
@@ -432,6 +447,7 @@ LEDGER: tuple[Patch, ...] = (
         ("sglang.srt.layers.radix_attention:RadixAttention.forward", ("q", "k", "v", "forward_batch")),
         ("sglang.srt.layers.moe.topk:StandardTopKOutput", ("topk_weights", "topk_ids", "router_logits")),
         ("sglang.srt.layers.moe.utils:sum_post_experts_output", ("hidden_states",)),
+        ("sglang.srt.layers.moe.utils:post_experts_output_is_complete", ("is_tp_path",)),
         ("sglang.srt.layers.moe:get_moe_a2a_backend", ()),
         ("sglang.srt.distributed.communication_op:tensor_model_parallel_all_reduce", ("input_",)),
         ("sglang.srt.layers.linear:ColumnParallelLinear.__init__", ("input_size", "output_size")),

@@ -1,8 +1,10 @@
 """Request rules of ERNIE-5.5 servers, through SGLang's real OpenAI handlers (`handle_request` of
-`OpenAIServingCompletion` / `OpenAIServingChat`, patched by the plugin's HookRegistry hooks) on CPU.
+`OpenAIServingCompletion` / `OpenAIServingChat`, patched by the plugin's HookRegistry hooks) and the tokenizer
+manager's hook, without a server.
 
-A live server needs a GPU; the handlers are built here over a stub tokenizer manager that carries what
-the hook reads (served name, model architecture, PD mode). The rejected requests never reach it.
+The handlers are built over a stub tokenizer manager that carries what the hooks read (served name, model
+architecture and vocabulary size, PD mode); the rejected requests never reach it.
+tests/serving/test_bad_requests_cpu.py sends the same requests to a real server.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import pytest
 from sglang_ernie55.configuration import ARCH_MAIN
 
 SERVED = "baidu/ERNIE-5.5-Flash-Base"
+VOCAB = 512
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +37,9 @@ def _tokenizer_manager(arch: str, pd_mode: str):
 
     return SimpleNamespace(
         served_model_name=SERVED,
-        model_config=SimpleNamespace(hf_config=SimpleNamespace(architectures=[arch]), is_multimodal=False),
+        model_config=SimpleNamespace(
+            hf_config=SimpleNamespace(architectures=[arch]), is_multimodal=False, vocab_size=VOCAB
+        ),
         disaggregation_mode=DisaggregationMode(pd_mode),
         server_args=SimpleNamespace(disaggregation_mode=pd_mode),
     )
@@ -53,7 +58,8 @@ def _request(kind: str, **fields):
     from sglang.srt.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
 
     if kind == "completion":
-        return CompletionRequest(prompt="Question: What is 15% of 240?\nAnswer:", **fields)
+        fields.setdefault("prompt", "Question: What is 15% of 240?\nAnswer:")
+        return CompletionRequest(**fields)
     return ChatCompletionRequest(messages=[{"role": "user", "content": "hi"}], **fields)
 
 
@@ -97,3 +103,119 @@ def test_sglangs_own_validation_still_runs(handlers):
 def test_other_architectures_are_untouched(handlers):
     handler = _make(handlers, "completion", arch="Qwen3MoeForCausalLM", pd_mode="prefill")
     assert handler._validate_request(_request("completion", model="whatever", n=4)) is None
+
+
+IDS = (f"[0, {VOCAB - 1}]", f"vocab_size {VOCAB}")
+
+
+@pytest.mark.parametrize(
+    "kind, fields, words",
+    [
+        ("completion", {"prompt": [1, VOCAB]}, ("`prompt`", f"token id {VOCAB} (position 1)", *IDS)),
+        ("completion", {"prompt": [1, -3, 4]}, ("`prompt`", "token id -3 (position 1)", *IDS)),
+        ("completion", {"prompt": [[1, 2], [5, 10**6]]}, ("prompt 1 of the batch", "1000000", *IDS)),
+        ("completion", {"prompt": [[1, 2], []]}, ("prompt 1 of the batch in `prompt` is empty",)),
+        ("completion", {"logprobs": 10**6}, ("`logprobs`=1000000", f"0..{VOCAB}")),
+        ("completion", {"logprobs": -1}, ("`logprobs`=-1", f"0..{VOCAB}")),
+        ("completion", {"stop": ""}, ("`stop`", "empty string")),
+        ("completion", {"n": 0}, ("`n`=0", "1 and above")),
+    ],
+    ids=["id=vocab", "negative-id", "batch-id", "batch-empty", "logprobs-1e6", "logprobs-neg", "stop-empty", "n0"],
+)  # fmt: skip
+def test_out_of_range_content_is_400(handlers, kind, fields, words):
+    status, message = _answer(_make(handlers, kind), _request(kind, model=SERVED, **fields))
+    assert status == 400, message
+    assert all(w in message for w in words), message
+
+
+def test_chat_content_rules(handlers):
+    """Chat's own validation reads the server's runtime config, so its content rules are checked directly."""
+    from sglang_ernie55.args.requests import content_error
+
+    message = content_error(_request("chat", logprobs=True, top_logprobs=VOCAB + 1), VOCAB)
+    assert f"`top_logprobs`={VOCAB + 1}" in message and f"0..{VOCAB}" in message
+    assert "empty string" in content_error(_request("chat", stop=["\n", ""]), VOCAB)
+    assert content_error(_request("chat", logprobs=True, top_logprobs=20, stop=["\n"]), VOCAB) is None
+
+
+@pytest.mark.parametrize(
+    "kind, fields",
+    [
+        ("completion", {"prompt": [0, VOCAB - 1]}),
+        ("completion", {"prompt": [[1, 2], [3]]}),
+        ("completion", {"logprobs": VOCAB}),
+        ("completion", {"logprobs": 0, "stop": ["\n"]}),
+    ],
+    ids=["edge-ids", "batch", "logprobs=vocab", "logprobs0-stop"],
+)
+def test_in_range_content_passes(handlers, kind, fields):
+    assert _make(handlers, kind)._validate_request(_request(kind, model=SERVED, **fields)) is None
+
+
+def test_content_rules_leave_other_architectures_alone(handlers):
+    handler = _make(handlers, "completion", arch="Qwen3MoeForCausalLM")
+    assert (
+        handler._validate_request(_request("completion", prompt=[1, 10**6], logprobs=10**6, stop="")) is None
+    )
+
+
+def _generate(**fields):
+    from sglang.srt.managers.io_struct import GenerateReqInput
+
+    fields.setdefault("input_ids", [1, 2, 3])
+    obj = GenerateReqInput(**fields)
+    obj.normalize_batch_and_arguments()
+    return obj
+
+
+def _tokenizer_check(obj, arch=ARCH_MAIN, input_ids=None):
+    """The tokenizer manager's hook over a stub of SGLang's own check; returns (error, SGLang's check ran)."""
+    from sglang_ernie55.args.requests import validate_one_request_hook
+
+    ran = []
+    manager = SimpleNamespace(
+        model_config=SimpleNamespace(hf_config=SimpleNamespace(architectures=[arch]), vocab_size=VOCAB)
+    )
+    try:
+        ids = obj.input_ids if input_ids is None else input_ids
+        validate_one_request_hook(lambda *a: ran.append(a), manager, obj, ids)
+    except ValueError as e:
+        return str(e), bool(ran)
+    return None, bool(ran)
+
+
+@pytest.mark.parametrize(
+    "fields, words",
+    [
+        ({"input_ids": [1, VOCAB]}, ("`input_ids`", f"token id {VOCAB}", *IDS)),
+        ({"input_ids": [-1]}, ("`input_ids`", "token id -1", *IDS)),
+        ({"input_ids": [1]}, ("`input_ids` is empty",)),
+        ({"return_logprob": True, "top_logprobs_num": 10**6}, ("`top_logprobs_num`=1000000", f"0..{VOCAB}")),
+        ({"sampling_params": {"stop": [""]}}, ("`stop`", "empty string")),
+    ],
+    ids=["id=vocab", "negative-id", "empty", "top-logprobs", "stop-empty"],
+)
+def test_tokenizer_manager_refuses_out_of_range_generate(fields, words):
+    # one prompt of a batch reaches the check with no ids (SGLang refuses only a lone empty one)
+    empty = [] if "`input_ids` is empty" in words else None
+    message, ran = _tokenizer_check(_generate(**fields), input_ids=empty)
+    assert ran, "SGLang's own checks run first"
+    assert message and all(w in message for w in words), message
+
+
+def test_tokenizer_manager_passes_legal_and_foreign_requests():
+    assert _tokenizer_check(_generate(input_ids=[0, VOCAB - 1])) == (None, True)
+    assert _tokenizer_check(_generate(return_logprob=True, top_logprobs_num=VOCAB)) == (None, True)
+    assert _tokenizer_check(_generate(top_logprobs_num=10**6)) == (None, True)  # no logprobs asked for
+    assert _tokenizer_check(_generate(input_ids=[1, 10**6]), arch="Qwen3MoeForCausalLM") == (None, True)
+
+
+def test_tokenizer_manager_hook_is_applied(handlers):
+    """The plugin's ledger attaches the hook to SGLang's TokenizerManager (HookRegistry wraps the method)."""
+    from sglang.srt.managers.tokenizer_manager import TokenizerManager
+
+    from sglang_ernie55.args.requests import validate_one_request_hook
+
+    method = TokenizerManager._validate_one_request
+    closure = [c.cell_contents for c in (method.__closure__ or ())]
+    assert validate_one_request_hook in closure, "HookRegistry's wrapper calls our hook"

@@ -1,8 +1,10 @@
-"""Request-time rules of the OpenAI endpoints, for ERNIE-5.5 servers only.
+"""Request-time rules of ERNIE-5.5 servers; other architectures fall through unchanged.
 
-An AROUND hook on the endpoint's `_validate_request` answers a `model` that is not the served name with a
-404 (SGLang serves any name) and `n > 1` under PD disaggregation with a 400 (the samples would share one
-bootstrap room and hang); other architectures fall through unchanged.
+The OpenAI endpoints' `_validate_request` (AROUND) answers a `model` that is not the served name with a 404
+and, with a 400: `n > 1` under PD disaggregation, prompt token ids outside the vocabulary, `logprobs` /
+`top_logprobs` outside [0, vocab_size] and empty stop strings. The tokenizer manager's `_validate_one_request`
+(AROUND) applies the same content rules to every generate request (/generate, both OpenAI endpoints,
+`sglang.Engine`): a token id outside the vocabulary must never reach the embedding.
 """
 
 from __future__ import annotations
@@ -48,16 +50,128 @@ def model_name_error(handler: Any, request: Any) -> str | None:
     )
 
 
+def token_ids_error(ids: Any, vocab_size: int, field: str) -> str | None:
+    """The 400 message when `ids` (one prompt of token ids, or a batch of them) holds an empty prompt or an
+    id outside [0, vocab_size), else None. Other prompt forms (text) pass."""
+    if not isinstance(ids, list | tuple) or not ids:
+        return None
+    batch = ids if all(isinstance(p, list | tuple) for p in ids) else [ids]
+    for b, prompt in enumerate(batch):
+        where = f"prompt {b} of the batch in `{field}`" if len(batch) > 1 else f"`{field}`"
+        if not prompt:
+            return f"{where} is empty: every prompt needs at least one token id."
+        try:
+            low, high = min(prompt), max(prompt)
+        except TypeError:  # mixed types: SGLang's schema answers those
+            continue
+        if not (isinstance(low, int) and isinstance(high, int)):
+            continue  # text prompts are tokenized into legal ids
+        if low < 0 or high >= vocab_size:
+            bad = low if low < 0 else high
+            return (
+                f"{where} holds token id {bad} (position {list(prompt).index(bad)}), outside this model's "
+                f"vocabulary: token ids must be in [0, {vocab_size - 1}] (vocab_size {vocab_size})."
+            )
+    return None
+
+
+def top_logprobs_error(k: Any, vocab_size: int, field: str) -> str | None:
+    """The 400 message when the number of top logprobs per token is outside [0, vocab_size], else None."""
+    if k is None or isinstance(k, bool) or not isinstance(k, int) or 0 <= k <= vocab_size:
+        return None
+    return (
+        f"`{field}`={k} is out of range: it is the number of most likely tokens returned per position, "
+        f"legal values 0..{vocab_size} (vocab_size of this model)."
+    )
+
+
+def stop_error(stop: Any, field: str) -> str | None:
+    """The 400 message when the stop strings hold an empty one (it matches at once: every answer would be
+    empty), else None."""
+    stops = [stop] if isinstance(stop, str) else stop if isinstance(stop, list) else []
+    if any(s == "" for s in stops):
+        return (
+            f"`{field}` holds an empty string, which matches before the first token and ends every answer "
+            "at once: send non-empty stop strings, or leave the field out."
+        )
+    return None
+
+
+def sample_count_error(n: Any) -> str | None:
+    """The 400 message for `n` < 1 (SGLang answers n=0 with a Python error and n<0 with zero-token
+    answers), else None."""
+    if isinstance(n, int) and not isinstance(n, bool) and n < 1:
+        return f"`n`={n} is out of range: it is the number of answers per prompt, legal values 1 and above."
+    return None
+
+
+def content_error(request: Any, vocab_size: int | None) -> str | None:
+    """The 400 message of an OpenAI completion or chat request whose `n`, stop strings, prompt token ids or
+    logprobs count are out of range, else None."""
+    message = sample_count_error(getattr(request, "n", 1)) or stop_error(
+        getattr(request, "stop", None), "stop"
+    )
+    if message or not vocab_size:
+        return message
+    logprobs = getattr(request, "logprobs", None)
+    if isinstance(logprobs, bool):  # chat: a switch; the count is `top_logprobs`
+        field, k = "top_logprobs", getattr(request, "top_logprobs", None)
+    else:
+        field, k = "logprobs", logprobs
+    return token_ids_error(getattr(request, "prompt", None), vocab_size, "prompt") or top_logprobs_error(
+        k, vocab_size, field
+    )
+
+
+def generate_error(obj: Any, input_ids: Any, vocab_size: int) -> str | None:
+    """The 400 message of one tokenized generate request (`GenerateReqInput`) whose input ids, top-logprobs
+    count or stop strings are out of range, else None. Multimodal requests carry placeholder ids beyond
+    the vocabulary and pass."""
+    if any(getattr(obj, f, None) is not None for f in ("image_data", "video_data", "audio_data")):
+        return None
+    message = None
+    if input_ids is not None:
+        message = token_ids_error(list(input_ids) or [[]], vocab_size, "input_ids")
+    if not message and getattr(obj, "return_logprob", False):
+        k = getattr(obj, "top_logprobs_num", None)
+        for one in k if isinstance(k, list) else [k]:
+            message = message or top_logprobs_error(one, vocab_size, "top_logprobs_num")
+    params = getattr(obj, "sampling_params", None)
+    if not message and isinstance(params, dict):
+        message = stop_error(params.get("stop"), "stop")
+    return message
+
+
+def _vocab_size(tokenizer_manager: Any) -> int | None:
+    return getattr(getattr(tokenizer_manager, "model_config", None), "vocab_size", None)
+
+
 def validate_request_hook(original, self, request, *args, **kwargs):
     """AROUND hook on `<OpenAI handler>._validate_request`: for ERNIE-5.5 servers the served-name and PD
-    checks first (they do not depend on the request's content), then SGLang's own validation."""
-    if is_ernie55(getattr(getattr(self.tokenizer_manager, "model_config", None), "hf_config", None)):
-        message = model_name_error(self, request)
-        if message:
-            from fastapi import HTTPException
+    checks first (they do not depend on the request's content), then SGLang's own validation, then the
+    content rules (checked here too so that a streaming request is refused before its stream starts)."""
+    if not is_ernie55(getattr(getattr(self.tokenizer_manager, "model_config", None), "hf_config", None)):
+        return original(self, request, *args, **kwargs)
+    message = model_name_error(self, request)
+    if message:
+        from fastapi import HTTPException
 
-            raise HTTPException(status_code=404, detail=message)  # handle_request answers it as a 404
-        message = pd_parallel_sampling_error(getattr(request, "n", 1), _pd_mode(self.tokenizer_manager))
+        raise HTTPException(status_code=404, detail=message)  # handle_request answers it as a 404
+    message = pd_parallel_sampling_error(getattr(request, "n", 1), _pd_mode(self.tokenizer_manager))
+    if message:
+        return message  # handle_request answers it as a 400
+    return original(self, request, *args, **kwargs) or content_error(
+        request, _vocab_size(self.tokenizer_manager)
+    )
+
+
+def validate_one_request_hook(original, self, obj, input_ids, *args, **kwargs):
+    """AROUND hook on `TokenizerManager._validate_one_request`: SGLang's checks (context length, ...), then
+    for ERNIE-5.5 the content rules; the ValueError is answered as a 400 by every endpoint."""
+    result = original(self, obj, input_ids, *args, **kwargs)
+    config = getattr(self, "model_config", None)
+    if is_ernie55(getattr(config, "hf_config", None)):
+        message = generate_error(obj, input_ids, config.vocab_size)
         if message:
-            return message  # handle_request answers it as a 400
-    return original(self, request, *args, **kwargs)
+            raise ValueError(message)
+    return result
