@@ -38,17 +38,26 @@ def pytest_collection_modifyitems(config, items):
             continue
         if count == 0:
             item.add_marker(
-                pytest.mark.skip(reason="needs a CUDA GPU (none here; run the GPU suite on the device)")
+                pytest.mark.skip(
+                    reason="needs a CUDA GPU and this machine has none; on a GPU machine run "
+                    "`python3 -m pytest -m gpu tests` (or `bash scripts/gpu-suite.sh`)"
+                )
             )
             continue
         for m in item.iter_markers("gpus"):
             need = int(m.args[0]) if m.args else 1
             if count < need:
                 item.add_marker(
-                    pytest.mark.skip(reason=f"needs {need} GPUs in one host, this host has {count}")
+                    pytest.mark.skip(
+                        reason=f"needs {need} CUDA GPUs in one machine, this machine has {count}"
+                    )
                 )
         if item.get_closest_marker("h200") is not None and "H200" not in name:
-            item.add_marker(pytest.mark.skip(reason=f"H200 cell; this GPU is {name!r}"))
+            item.add_marker(
+                pytest.mark.skip(
+                    reason=f"needs an NVIDIA H200 (its numbers are the H200's); this GPU is {name!r}"
+                )
+            )
 
 
 def pytest_runtest_logreport(report):

@@ -120,8 +120,17 @@ IDS = (f"[0, {VOCAB - 1}]", f"vocab_size {VOCAB}")
         ("completion", {"stop": ""}, ("`stop`", "empty string")),
         ("completion", {"n": 0}, ("`n`=0", "1 and above")),
     ],
-    ids=["id=vocab", "negative-id", "batch-id", "batch-empty", "logprobs-1e6", "logprobs-neg", "stop-empty", "n0"],
-)  # fmt: skip
+    ids=[
+        "id=vocab",
+        "negative-id",
+        "batch-id",
+        "batch-empty",
+        "logprobs-1e6",
+        "logprobs-neg",
+        "stop-empty",
+        "n0",
+    ],
+)
 def test_out_of_range_content_is_400(handlers, kind, fields, words):
     status, message = _answer(_make(handlers, kind), _request(kind, model=SERVED, **fields))
     assert status == 400, message

@@ -1,11 +1,8 @@
-"""Request-time rules of ERNIE-5.5 servers; other architectures fall through unchanged.
-
-The OpenAI endpoints' `_validate_request` (AROUND) answers a `model` that is not the served name with a 404
-and, with a 400: `n > 1` under PD disaggregation, prompt token ids outside the vocabulary, `logprobs` /
-`top_logprobs` outside [0, vocab_size] and empty stop strings. The tokenizer manager's `_validate_one_request`
-(AROUND) applies the same content rules to every generate request (/generate, both OpenAI endpoints,
-`sglang.Engine`): a token id outside the vocabulary must never reach the embedding.
-"""
+"""Request-time rules of ERNIE-5.5 servers (other architectures fall through): the OpenAI endpoints answer a
+wrong `model` with a 404 and `n > 1` under PD with a 400; every generate request (the tokenizer manager's
+check, repeated at the OpenAI endpoints so a stream is refused before it starts) gets a 400 for token ids
+outside the vocabulary, a logprobs count outside 0..vocab_size, an empty stop string or `n` < 1. A token id
+outside the vocabulary must never reach the embedding."""
 
 from __future__ import annotations
 

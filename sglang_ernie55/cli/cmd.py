@@ -81,15 +81,15 @@ def run(args: argparse.Namespace) -> int:
         kw = dict(
             dist_init_addr=args.dist_init_addr, host=args.host, port=args.port, model_path=args.model_path
         )
-        entries = [
-            {
-                "node_rank": r,
-                "argv": ["sglang", "serve", *cell.serve_argv(node_rank=r, **kw)],
-                "command": cell.shell_command(node_rank=r, **kw),
-                "docker": cell.docker_command(image=image, node_rank=r, **kw),
-            }
-            for r in ranks
-        ]
+        runnable = cell.runnable()
+        recipe = [_entry(cell, r, image, kw) for r in ranks]
+        entries = (
+            recipe
+            if runnable is cell
+            else [_entry(runnable, r, image, kw) for r in ranks]
+            if runnable
+            else []
+        )
     except CellError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -97,10 +97,13 @@ def run(args: argparse.Namespace) -> int:
     warnings = []
     if args.host in ("0.0.0.0", "::"):
         warnings.append(f"--host {args.host} serves an unauthenticated API to the network: add --api-key KEY")
-    layout = cell.unimplemented_layout()
-    if layout:
-        warnings.append(layout)
-    if cell.nodes > 1 and not args.dist_init_addr:
+    layout = _layout_lines(cell, runnable)
+    if layout and entries:
+        warnings.append(
+            f"cell {cell.name}: this version refuses the recipe's attention DP / CP; the command printed is the "
+            "nearest layout that runs (its # lines say why)"
+        )
+    if cell.nodes > 1 and entries and not args.dist_init_addr:
         warnings.append("replace NODE0_IP by the address of node 0 (or pass --dist-init-addr HOST:PORT)")
     if args.json:
         print(
@@ -117,13 +120,15 @@ def run(args: argparse.Namespace) -> int:
                     "vendor_verified": cell.vendor_verified,
                     "project_verified": cell.project_verified,
                     "project_date": cell.project_date or None,
+                    "layout_supported": runnable is cell,
                     "commands": entries,
+                    "recipe_commands": recipe,
                     "warnings": warnings,
                 },
                 indent=2,
             )
         )
-        return 0
+        return 0 if entries else 1
 
     verified = f"vendor: {'yes' if cell.vendor_verified else 'no'} ({cell.vendor_note}); " + (
         f"this project: yes, {cell.project_date}" if cell.project_verified else "this project: not yet"
@@ -134,6 +139,11 @@ def run(args: argparse.Namespace) -> int:
     )
     print(f"# {cell.summary}")
     print(f"# verified by {verified}")
+    # the refusal and the recipe go into the printed block itself: a copied or piped command keeps them
+    for line in layout:
+        print(line)
+    for e in recipe if layout else []:
+        print(f"#   recipe (refused by this version): {e['command']}")
     for e in entries:
         print()
         if cell.nodes > 1:
@@ -143,4 +153,48 @@ def run(args: argparse.Namespace) -> int:
             print(e["docker"])
     for w in warnings:
         print(f"warning: {w}", file=sys.stderr)
+    if not entries:
+        print(
+            f"error: no layout of cell {cell.name} runs in this version; no command printed", file=sys.stderr
+        )
+        return 1
     return 0
+
+
+def _entry(cell, node_rank: int, image: str, kw: dict) -> dict:
+    return {
+        "node_rank": node_rank,
+        "argv": ["sglang", "serve", *cell.serve_argv(node_rank=node_rank, **kw)],
+        "command": cell.shell_command(node_rank=node_rank, **kw),
+        "docker": cell.docker_command(image=image, node_rank=node_rank, **kw),
+    }
+
+
+def _layout_lines(cell, runnable) -> list[str]:
+    """Comment lines for a cell whose recipe this version refuses (attention DP / CP): why, and what is printed
+    instead (the nearest layout that runs, or nothing). Empty when the recipe runs as it is."""
+    if runnable is cell:
+        return []
+    used = " and ".join(
+        f"--{n} {cell.int_flag(n)}" for n in ("attn-dp-size", "attn-cp-size") if cell.int_flag(n) > 1
+    )
+    from ..args.rules import DEFAULT_ATTENTION_OUTPUT_GROUPS as groups
+
+    tp = cell.int_flag("tp-size", cell.int_flag("tp", 1))
+    lines = [
+        f"# NOT YET SUPPORTED: this cell's recipe (the deployment guides') uses {used}; this version of "
+        "sglang-ernie55 refuses attention data / context parallelism when the model is built "
+        "(docs/serving-design.md section 8).",
+    ]
+    if runnable is None:
+        lines.append(
+            f"# Without it the attention TP would be {tp}, which does not divide the {groups} HCA output groups: no layout "
+            "of this cell runs in this version, so no command is printed."
+        )
+    else:
+        lines.append(
+            f"# Printed below: the nearest layout that runs, the same flags without {used.split()[0]}"
+            + (" / --attn-cp-size" if " and " in used else "")
+            + f" (attention TP {tp}; fewer tokens in the KV pool, see `sglang-ernie55 plan`)."
+        )
+    return lines

@@ -139,7 +139,30 @@ def explain_1m(cfg, p) -> list[str]:
     ]
 
 
-def render(cfg, p, concurrency: list[int], cell_name: str | None) -> str:
+def refused_note(cell, runnable) -> str | None:
+    """Why this version does not serve `cell`'s own recipe and what is planned instead, else None."""
+    if runnable is cell:
+        return None
+    used = " / ".join(
+        f"--{n} {cell.int_flag(n)}" for n in ("attn-dp-size", "attn-cp-size") if cell.int_flag(n) > 1
+    )
+    head = (
+        f"this version refuses the recipe's {used} (attention data / context parallelism, "
+        "docs/serving-design.md section 8)"
+    )
+    if runnable is None:
+        tp = cell.int_flag("tp-size", cell.int_flag("tp", 1))
+        return (
+            f"{head}, and without it the attention TP ({tp}) does not divide the HCA output groups: no layout of "
+            "this cell runs yet. Planned: the recipe as it is."
+        )
+    return f"{head}. Planned: the nearest layout that runs, the same flags without it (what `cmd` prints)."
+
+
+def render(
+    cfg, p, concurrency: list[int], cell_name: str | None, refused: str | None = None, servable: bool = True
+) -> str:
+    """The plan as text; `refused` / `servable`: `refused_note` of the cell and whether any layout of it runs."""
     L = p.layout
     head = f"cell {cell_name}: " if cell_name else ""
     layout = f"tp {L.tp}"
@@ -149,7 +172,8 @@ def render(cfg, p, concurrency: list[int], cell_name: str | None) -> str:
         layout += f", attention CP {L.attn_cp}"
     layout += f" (attention TP {L.attn_tp})"
     nodes = f"{L.nodes} x {L.gpus_per_node}" if L.nodes > 1 else f"{L.num_gpus}"
-    out = [
+    out = [f"note: {refused}", ""] if refused else []
+    out += [
         f"{head}{nodes} {L.gpu.label} ({L.gpu.memory_gb:g} GB), {L.precision.upper()} weights, {layout}, "
         f"KV {L.kv_cache_dtype}, context {L.context_length:,}"
         + (f", max-running-requests {L.max_running_requests}" if L.max_running_requests else ""),
@@ -182,7 +206,10 @@ def render(cfg, p, concurrency: list[int], cell_name: str | None) -> str:
         f"concurrency at the full context ({L.context_length:,}): {p.max_concurrency_at(L.context_length)}"
     )
     out.append("")
-    if p.fits:
+    if not servable:
+        out.append("verdict: NOT SERVED BY THIS VERSION")
+        out.append(f"  - {refused}")
+    elif p.fits:
         out.append("verdict: FITS")
     else:
         out.append("verdict: DOES NOT FIT")
@@ -215,7 +242,7 @@ def run(args: argparse.Namespace) -> int:
         context_length=args.context_length,
         max_running_requests=args.max_running_requests,
     )
-    cell_name = None
+    cell_name, refused, servable = None, None, True
     try:
         if args.gpus:
             gpu = GPUS.get(args.hardware.lower())
@@ -228,8 +255,9 @@ def run(args: argparse.Namespace) -> int:
             )
         else:
             cell = find_cell(args.hardware, args.precision, args.strategy)
-            cell_name = cell.name
-            layout = Layout.from_cell(cell, **overrides)
+            cell_name, runnable = cell.name, cell.runnable()
+            refused, servable = refused_note(cell, runnable), runnable is not None
+            layout = Layout.from_cell(runnable or cell, **overrides)
     except CellError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -237,14 +265,14 @@ def run(args: argparse.Namespace) -> int:
     concurrency = args.concurrency or [1]
     long_ctx = args.explain_1m or layout.context_length >= LONG_CONTEXT
     if args.json:
-        d = p.as_dict() | {"cell": cell_name}
+        d = p.as_dict() | {"cell": cell_name, "servable": servable, "refused": refused}
         d["max_context_at"] = {str(c): p.max_context_at(c) for c in concurrency}
         if long_ctx:
             d["explain_1m"] = explain_1m(cfg, p)
         print(json.dumps(d, indent=2))
     else:
-        print(render(cfg, p, concurrency, cell_name))
+        print(render(cfg, p, concurrency, cell_name, refused, servable))
         if long_ctx:
             print()
             print("\n".join(explain_1m(cfg, p)))
-    return 0 if p.fits else 1
+    return 0 if p.fits and servable else 1

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import sys
+import threading
+import time
 from typing import Any
 
 HELP = "read-only checks before launching: versions, plugin entry point, architectures, GPUs vs cell, server"
@@ -41,7 +44,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
                     cell's model name
 
     It never starts a server, downloads weights or sends a generation request: its only network
-    access is one GET of <url>/v1/models. Exit status: 0 when nothing failed, 1 otherwise.
+    access is one GET of <url>/v1/models. Progress lines go to stderr while it runs (the model imports
+    take ~10 s). The last line is the verdict: `preflight: ok` (exit status 0) or `preflight: FAILED
+    (<checks>)` (exit status 1); a machine without a CUDA GPU fails `gpus`, and a cell whose recipe no
+    layout of this version serves fails `layout`.
 
     Examples:
       sglang-ernie55 preflight
@@ -244,22 +250,24 @@ def check_gpus(hardware: str | None, precision: str, strategy: str) -> list[Chec
                 )
             )
             layout = cell.unimplemented_layout()
-            if layout:
+            if layout and cell.runnable() is None:
                 out.append(Check("layout", FAIL, layout))
+            elif layout:  # `cmd` prints the layout that runs, so the cell can still be served
+                out.append(Check("layout", WARN, layout + " `sglang-ernie55 cmd` prints that command."))
         except CellError as e:
             out.append(Check("cell", FAIL, str(e).splitlines()[0]))
     gpus, err = _visible_gpus()
     if err:
         return out + [Check("gpus", FAIL, err)]
     if not gpus:
-        status = FAIL if cell else WARN
         return out + [
             Check(
                 "gpus",
-                status,
+                FAIL,
                 "no CUDA GPU visible (torch.cuda.is_available() is False): this machine "
                 "cannot serve the model"
-                + (f"; {cell.name} needs {cell.gpus_per_node} {cell.gpu.label} per node" if cell else ""),
+                + (f"; {cell.name} needs {cell.gpus_per_node} {cell.gpu.label} per node" if cell else "")
+                + " (SGLang's CPU server runs only the tiny demo checkpoint: `sglang-ernie55 demo --cpu`)",
                 {"count": 0},
             )
         ]
@@ -344,10 +352,43 @@ def check_server(url: str, cell_model: str | None) -> list[Check]:
     return out
 
 
-def run_checks(args: argparse.Namespace) -> list[Check]:
-    checks = check_versions() + check_entry_point() + check_models()
+def _progress(t0: float, message: str) -> None:
+    """A progress line on stderr (stdout stays the report): the model imports take ~10 s."""
+    print(f"preflight [{time.monotonic() - t0:4.1f}s] {message}", file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def _still(t0: float, what: str, enabled: bool, every_s: float = 10.0):
+    """A "still <what>" line every `every_s` seconds while the block runs (a loaded machine takes a minute)."""
+    done = threading.Event()
+
+    def beat():
+        while not done.wait(every_s):
+            _progress(t0, f"still {what} ...")
+
+    thread = threading.Thread(target=beat, daemon=True) if enabled else None
+    if thread:
+        thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+
+
+def run_checks(args: argparse.Namespace, progress: bool = False) -> list[Check]:
+    t0 = time.monotonic()
+    say = (lambda message: _progress(t0, message)) if progress else (lambda message: None)
+    say("versions (imports torch and SGLang) ...")
+    checks = check_versions()
+    say("plugin entry point ...")
+    checks += check_entry_point()
+    say("model modules (imports SGLang's model code, the slow step) and the registry ...")
+    with _still(t0, "importing the model modules", progress):
+        checks += check_models()
+    say("GPUs ...")
     checks += check_gpus(args.hardware, args.precision, args.strategy)
     if not args.no_server:
+        say(f"server at {args.url} ...")
         model = None
         if args.hardware:
             from ..deploy.cells import CellError, find_cell
@@ -360,13 +401,22 @@ def run_checks(args: argparse.Namespace) -> list[Check]:
     return checks
 
 
+def verdict(checks: list[Check]) -> str:
+    """The last line: FAILED naming the failed checks, else ok (naming the warnings, if any)."""
+    failed = [c.name for c in checks if c.status == FAIL]
+    warned = [c.name for c in checks if c.status == WARN]
+    if failed:
+        return f"preflight: FAILED ({', '.join(failed)})"
+    return "preflight: ok" + (f", with warnings ({', '.join(warned)})" if warned else "")
+
+
 def run(args: argparse.Namespace) -> int:
-    checks = run_checks(args)
+    checks = run_checks(args, progress=True)
     failed = any(c.status == FAIL for c in checks)
     if args.json:
         print(json.dumps({"ok": not failed, "checks": [dataclasses.asdict(c) for c in checks]}, indent=2))
     else:
         for c in checks:
             print(f"[{c.status:4}] {c.name:14} {c.detail}")
-        print("preflight: " + ("FAILED" if failed else "ok"), file=sys.stderr)
+        print(verdict(checks))
     return 1 if failed else 0

@@ -131,6 +131,19 @@ class Cell:
             "groups: this cell has no layout that runs in this version."
         )
 
+    def runnable(self) -> Cell | None:
+        """The layout this version serves for this cell: the cell itself, or, when its recipe uses attention
+        DP / CP (refused when the model is built), the same flags without them; None when that layout is
+        illegal too (its attention TP does not divide the HCA output groups)."""
+        if self.unimplemented_layout() is None:
+            return self
+        from ..args.rules import DEFAULT_ATTENTION_OUTPUT_GROUPS as groups
+
+        if groups % self.int_flag("tp-size", self.int_flag("tp", 1)):
+            return None
+        flags = {k: v for k, v in self.flags.items() if k not in ("attn-dp-size", "attn-cp-size")}
+        return dataclasses.replace(self, flags=flags)
+
     def flag_argv(self) -> list[str]:
         """The cell's own flags as argv (no model path, no node or network flags)."""
         argv: list[str] = []

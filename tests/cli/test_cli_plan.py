@@ -178,10 +178,25 @@ def test_concurrency_and_context():
 
 
 def test_plan_cli_cell(cli):
-    rc, out, err = cli("plan", "--hardware", "h100", "--precision", "fp8", "--strategy", "high-throughput")
+    rc, out, err = cli("plan", "--hardware", "h100", "--precision", "fp8", "--strategy", "balanced")
     assert rc == 0, err
-    assert "verdict: FITS" in out and "attention DP 8 (attention TP 1)" in out
+    assert "verdict: FITS" in out and "tp 8 (attention TP 8)" in out
     assert "MLA-DSA x6" in out and "656 B" in out and "HCA     x37" in out
+
+
+def test_plan_agrees_with_cmd_on_refused_layouts(cli):
+    """A recipe with attention DP is not planned as FITS: plan plans what `cmd` prints (the same flags without
+    --attn-dp-size), saying so; a cell with no layout that runs is NOT SERVED BY THIS VERSION, exit 1."""
+    rc, out, err = cli("plan", "--hardware", "h200", "--precision", "bf16", "--strategy", "high-throughput")
+    assert rc == 0, err
+    assert out.startswith("note: this version refuses the recipe's --attn-dp-size 8")
+    assert "tp 8 (attention TP 8)" in out and "attention DP" not in out.splitlines()[2]
+    assert "verdict: FITS" in out
+    rc, out, _ = cli("plan", "--hardware", "h100", "--precision", "bf16", "--strategy", "high-throughput")
+    assert rc == 1 and "verdict: NOT SERVED BY THIS VERSION" in out and "verdict: FITS" not in out
+    rc, out, _ = cli("plan", "--hardware", "h100", "--precision", "bf16", "--json")
+    d = json.loads(out)
+    assert rc == 1 and d["servable"] is False and "--attn-dp-size 2" in d["refused"]
 
 
 def test_plan_cli_does_not_fit_exit_1(cli):

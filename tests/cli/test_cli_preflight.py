@@ -97,7 +97,8 @@ def test_versions_and_plugin_on_this_machine():
 def test_no_gpu_is_reported_cleanly(monkeypatch):
     monkeypatch.setattr(P, "_visible_gpus", lambda: ([], None))
     c = by_name(P.run_checks(args()))
-    assert c["gpus"].status == "warn" and "no CUDA GPU" in c["gpus"].detail
+    assert c["gpus"].status == "fail" and "cannot serve the model" in c["gpus"].detail
+    assert "sglang-ernie55 demo --cpu" in c["gpus"].detail
     c = by_name(P.run_checks(args(hardware="h200")))
     assert c["gpus"].status == "fail" and "4 H200" in c["gpus"].detail and c["cell"].status == "ok"
 
@@ -165,7 +166,9 @@ def test_no_server_is_info_not_failure(no_side_effects):
 
 
 def test_cli_json_and_exit_status(cli, monkeypatch):
-    monkeypatch.setattr(P, "_visible_gpus", lambda: ([], None))
+    monkeypatch.setattr(
+        P, "_visible_gpus", lambda: ([{"index": 0, "name": "NVIDIA H200", "memory_gb": 150.8}], None)
+    )
     rc, out, _ = cli("preflight", "--json", "--no-server")
     d = json.loads(out)
     assert (
@@ -204,12 +207,33 @@ def test_without_sglang_every_check_still_reports(monkeypatch):
     assert c["gpu model"].status == "ok" and c["gpu count"].status == "fail"  # 1 of the 4 the cell needs
 
 
-def test_cell_recipe_with_attention_dp_fails_the_layout_check(monkeypatch):
-    """A cell whose SERVING.md recipe uses attention DP fails `layout` (the model refuses it when built), naming the
-    layout that runs; a cell without it has no `layout` line."""
+def test_cell_recipe_with_attention_dp_is_a_layout_warning_or_failure(monkeypatch):
+    """A cell whose recipe uses attention DP (refused when the model is built) warns in `layout`, naming the layout
+    that runs and that `cmd` prints it; it fails when no layout of the cell runs; a cell without it has no
+    `layout` line."""
     monkeypatch.setattr(P, "_visible_gpus", lambda: ([], None))
     c = by_name(P.run_checks(args(hardware="h200", precision="fp8", strategy="high-throughput")))
-    assert c["layout"].status == "fail" and "--attn-dp-size 4" in c["layout"].detail
-    assert "without --attn-dp-size (attention TP 4)" in c["layout"].detail
+    assert c["layout"].status == "warn" and "--attn-dp-size 4" in c["layout"].detail
+    assert "without --attn-dp-size (attention TP 4)" in c["layout"].detail and "cmd" in c["layout"].detail
+    c = by_name(P.run_checks(args(hardware="h100", precision="bf16", strategy="high-throughput")))
+    assert c["layout"].status == "fail" and "no layout" in c["layout"].detail
     c = by_name(P.run_checks(args(hardware="h200", precision="fp8", strategy="low-latency")))
     assert "layout" not in c
+
+
+def test_verdict_matches_the_findings(cli, monkeypatch):
+    """The last stdout line is the verdict and agrees with the exit status; progress goes to stderr."""
+    monkeypatch.setattr(P, "_visible_gpus", lambda: ([], None))
+    rc, out, err = cli("preflight", "--no-server")
+    assert rc == 1 and "cannot serve the model" in out
+    assert out.splitlines()[-1] == "preflight: FAILED (gpus)"
+    assert "preflight [" in err and "model modules" in err
+    monkeypatch.setattr(
+        P,
+        "_visible_gpus",
+        lambda: ([{"index": i, "name": "NVIDIA H200", "memory_gb": 150.8} for i in range(4)], None),
+    )
+    rc, out, _ = cli("preflight", "--no-server", "--hardware", "h200")
+    assert rc == 0 and out.splitlines()[-1] == "preflight: ok"
+    rc, out, _ = cli("preflight", "--no-server", "--hardware", "h200", "--strategy", "high-throughput")
+    assert rc == 0 and out.splitlines()[-1] == "preflight: ok, with warnings (layout)"

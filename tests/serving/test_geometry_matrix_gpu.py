@@ -46,7 +46,7 @@ pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(
         not torch.cuda.is_available(),
-        reason="the geometry matrix's GPU half needs a CUDA GPU (none here); on the H200 run "
+        reason="the geometry matrix's GPU half needs a CUDA GPU (none here); on a GPU machine run "
         "`bash scripts/gpu-suite.sh tests/serving/test_geometry_matrix_gpu.py`. Its CPU half is "
         "tests/serving/test_geometry_matrix_cpu.py",
     ),
