@@ -410,9 +410,14 @@ ERNIE55_FLAG_RULES: tuple[FlagRule, ...] = (
         "attention TP and the nearest legal settings (`--tp 16 --attn-dp-size 2` is legal)",
     ),
     FlagRule(
+        "`--ep N` (`--moe-a2a-backend none`)",
+        "SGLang's standard EP dispatch: each of N ranks holds 1/N of the routed experts, every rank keeps every token",
+    ),
+    FlagRule(
         "`--moe-a2a-backend deepep`",
         "needs EP >= 4: SGLang runs ep = tp, so `--tp` >= 4, and a given `--ep 2`/`3` is refused too; "
-        "else error (experts per rank vs DeepEP's limit)",
+        "else error (experts per rank vs DeepEP's limit). A legal DeepEP layout (and every all-to-all backend "
+        "but `none`) is then refused when the model is built: not yet run",
     ),
     FlagRule("`--moe-a2a-backend` with `--pp-size` > 1", "must be `none`; else error"),
     FlagRule(

@@ -13,7 +13,7 @@ from sglang.srt.layers.linear import ColumnParallelLinear, ReplicatedLinear, Row
 from sglang.srt.layers.moe import get_moe_a2a_backend
 from sglang.srt.layers.moe.fused_moe_triton import FusedMoE
 from sglang.srt.layers.moe.topk import StandardTopKOutput
-from sglang.srt.layers.moe.utils import sum_post_experts_output
+from sglang.srt.layers.moe.utils import post_experts_output_is_complete, sum_post_experts_output
 from sglang.srt.runtime_context import get_parallel
 from torch import nn
 
@@ -84,13 +84,21 @@ class Ernie55LatentMoE(nn.Module):
         )
         inter = config.moe_intermediate_size
         # Where the MoE output's sums over ranks happen (FusedMoE returns each rank's partial sum; SGLang 0.5.23
-        # leaves that sum to the model, reduce_results=False). Pure TP (no EP, no all-to-all): the routed partial,
-        # projected up (latent_up is linear, so up(sum) = sum(up)) plus the shared expert's TP partial, in one
+        # leaves that sum to the model, reduce_results=False). With SGLang's standard dispatch (no all-to-all)
+        # every rank holds every token; each computes its experts' share (EP: its E/ep experts, MoE-TP: its slice
+        # of each), and with moe_dp_size 1 the EP x MoE-TP ranks are the TP group. Then the routed partial,
+        # projected up (latent_up is linear, so up(sum) = sum(up)) plus the shared expert's TP partial, is one
         # all-reduce over the TP group, as SGLang's latent MoE does (nemotron_h: fc2_latent_proj on the partial
-        # sum, shared added, one reduction). Otherwise (EP and / or an all-to-all backend): SGLang's
-        # sum_post_experts_output owes or skips the routed sums, and the shared expert reduces its own output.
+        # sum, shared added, one reduction). Otherwise (an all-to-all backend, MoE-DP, or a dispatch whose
+        # combine already summed): SGLang's sum_post_experts_output owes or skips the routed sums, and the
+        # shared expert reduces its own output.
         par = get_parallel()
-        self.one_reduce = par.tp_size > 1 and par.moe_ep_size == 1 and get_moe_a2a_backend().is_none()
+        self.one_reduce = (
+            par.tp_size > 1
+            and par.moe_dp_size == 1
+            and get_moe_a2a_backend().is_none()
+            and not post_experts_output_is_complete(is_tp_path=True)
+        )
         # FP8 experts only where the checkpoint's own 128x128 blocks tile them: decided on config.json's width,
         # not on the width SGLang's CPU runner may have padded `inter` to (those get dequantized on load)
         stored = checkpoint_config(config).moe_intermediate_size
@@ -185,5 +193,5 @@ class Ernie55LatentMoE(nn.Module):
             y = sum_post_experts_output(y)  # no-op at one rank, or where the combine already summed
         if self.shared_experts is not None:
             y = y + self.shared_experts(x)
-        # pure TP: the routed and the shared partial sums in one all-reduce
+        # standard dispatch: the routed and the shared partial sums in one all-reduce
         return tensor_model_parallel_all_reduce(y) if self.one_reduce else y

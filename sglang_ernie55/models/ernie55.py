@@ -27,21 +27,29 @@ from ..layers.mhc import HyperConnection, HyperHead
 from ..layers.moe import Ernie55LatentMoE, Ernie55SwiGLU
 
 
-def check_parallel_layout(par) -> None:
-    """Refuse the parallel layouts this model does not implement (docs/serving-design.md section 8): attention
-    data parallelism (--attn-dp-size > 1) and attention context parallelism (--attn-cp-size > 1). The
-    attention layers shard heads over the whole TP group, the embedding and LM head are vocab-parallel over it,
-    and the MoE has no DP-attention token gather: under either layout the ranks' collectives would pair
-    different tokens (a hang or wrong outputs). `par`: SGLang's `get_parallel()`."""
+def check_parallel_layout(par, a2a_backend: str = "none") -> None:
+    """Refuse the parallel layouts this model has not run (docs/serving-design.md section 8): attention
+    data / context parallelism (--attn-dp-size / --attn-cp-size > 1) and any MoE all-to-all backend but `none`.
+    Expert parallelism with SGLang's standard dispatch (`--ep N --moe-a2a-backend none`) runs. `par`: SGLang's
+    `get_parallel()`; `a2a_backend`: the resolved --moe-a2a-backend."""
     dp, cp = int(getattr(par, "attn_dp_size", 1) or 1), int(getattr(par, "attn_cp_size", 1) or 1)
+    tp = int(par.tp_size)
     if dp > 1 or cp > 1:
-        tp = int(par.tp_size)
         raise NotImplementedError(
             f"sglang-ernie55 does not implement attention data / context parallelism yet: got tp {tp}, "
-            f"--attn-dp-size {dp}, --attn-cp-size {cp}. Its attention shards heads over the whole TP group and its "
-            "MoE has no DP-attention token gather, so this layout would hang or compute wrong outputs. Serve "
+            f"--attn-dp-size {dp}, --attn-cp-size {cp}. Its embedding, LM head and MoE run over the whole TP group "
+            "with no DP-attention token gather, so this layout would hang or compute wrong outputs. Serve "
             f"with --tp {tp} and neither flag (attention TP {tp}; legal when {tp} divides the 8 HCA output "
-            "groups), or with --dp for independent replicas. See docs/serving-design.md section 8."
+            "groups), or with --dp for independent replicas. See docs/serving-design.md section 8 (parallel layouts)."
+        )
+    if a2a_backend != "none":
+        ep = int(getattr(par, "moe_ep_size", 1) or 1)
+        raise NotImplementedError(
+            f"sglang-ernie55 has not run the MoE all-to-all backend `--moe-a2a-backend {a2a_backend}` (expert "
+            f"parallel size {ep}): its latent MoE (latent_down before the experts, latent_up and the shared "
+            "expert after them) is checked only with SGLang's standard dispatch, where every rank keeps every "
+            f"token. Serve with --moe-a2a-backend none: --tp {tp} --ep {ep} then splits the routed experts "
+            f"over {ep} ranks the same way. See docs/serving-design.md section 8 (parallel layouts)."
         )
 
 
@@ -123,11 +131,12 @@ class Ernie5_5_MoeForCausalLM(nn.Module):
     def __init__(self, config: Ernie55Config, quant_config=None, prefix: str = "") -> None:
         super().__init__()
         from sglang.srt.distributed.parallel_state import get_pp_group
+        from sglang.srt.layers.moe import get_moe_a2a_backend
         from sglang.srt.runtime_context import get_parallel
 
         if get_pp_group().world_size > 1:
             raise NotImplementedError("sglang-ernie55: pipeline parallelism is not supported yet")
-        check_parallel_layout(get_parallel())
+        check_parallel_layout(get_parallel(), str(get_moe_a2a_backend().value))
         self.config = config
         self.quant_config = quant_config
         # SGLang's checkpoint-name -> FusedMoE parameter table (`experts.{e}.gate_proj.` -> `experts.w13_`,

@@ -114,6 +114,8 @@ class Server:
         self.model = r.json()["data"][0]["id"]
         # /v1/models answers before the warm-up request finishes; wait for the first real generation
         while time.time() - t0 < timeout:
+            if self.proc.poll() is not None:  # the warm-up request crashed it
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.tail()}")
             try:
                 if requests.get(self.url + "/health_generate", timeout=60).status_code == 200:
                     break

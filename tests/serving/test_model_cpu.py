@@ -350,8 +350,8 @@ def test_model_with_layers_on_kernels_equals_reference():
 
 
 def test_unimplemented_parallel_layouts_are_refused():
-    """Attention DP / CP are refused when the model is built (the rules accept them as SERVING.md's layouts;
-    the model does not implement them: a server would hang or compute wrong outputs)."""
+    """Attention DP / CP and MoE all-to-all backends are refused when the model is built (the rules accept them
+    as SERVING.md's layouts; the model has not run them: a server could hang or compute wrong outputs)."""
     from types import SimpleNamespace
 
     from sglang_ernie55.models.ernie55 import check_parallel_layout
@@ -360,3 +360,10 @@ def test_unimplemented_parallel_layouts_are_refused():
     for dp, cp in ((4, 1), (2, 1), (1, 2)):
         with pytest.raises(NotImplementedError, match=f"--attn-dp-size {dp}, --attn-cp-size {cp}.*--tp 4"):
             check_parallel_layout(SimpleNamespace(tp_size=4, attn_dp_size=dp, attn_cp_size=cp))
+    # EP with SGLang's standard dispatch is built; an all-to-all backend is refused with the flag that runs
+    ep4 = SimpleNamespace(tp_size=4, attn_dp_size=1, attn_cp_size=1, moe_ep_size=4)
+    check_parallel_layout(ep4, "none")
+    with pytest.raises(
+        NotImplementedError, match="a2a-backend deepep.*--moe-a2a-backend none: --tp 4 --ep 4"
+    ):
+        check_parallel_layout(ep4, "deepep")

@@ -1,16 +1,18 @@
-"""Tensor parallelism through SGLang's real multi-rank server, on CPU: `--device cpu --tp 2` (two scheduler
-ranks, gloo collectives), the tiny BF16 checkpoint at fp32 activations with bf16 KV. Greedy tokens must equal
-the single-process reference's (the KV-rounded oracle of test_server_cpu.py) and logprobs stay within 0.02.
+"""Multi-rank layouts through SGLang's real server, on CPU (two scheduler ranks, gloo collectives): the tiny
+BF16 checkpoint at fp32 activations with bf16 KV. Greedy tokens must equal the single-process reference's (the
+KV-rounded oracle of test_server_cpu.py) and logprobs stay within 0.02.
 
-What it covers that no one-rank test can: the attention layers' head / HCA output-group sharding
-(`wq_b`, `wo_a`, `wo_b`, `q_b_proj`, `kv_b_proj`, `o_proj`, the sink), the vocab-parallel embedding and LM
-head, the latent MoE's expert sharding and the sum of its partial outputs over the ranks. The first run of
-this test (2026-12-03) found that sum missing: FusedMoE returns each rank's partial (reduce_results=False)
-and the model never reduced it; the server then agreed with the reference on 5 of 24 tokens.
+- `--tp 2`: the attention layers' head / HCA output-group sharding (`wq_b`, `wo_a`, `wo_b`, `q_b_proj`,
+  `kv_b_proj`, `o_proj`, the sink), the vocab-parallel embedding and LM head, the latent MoE's expert sharding and
+  the sum of its partial outputs over the ranks (FusedMoE returns each rank's partial, reduce_results=False).
+- `--tp 2 --ep 2 --moe-a2a-backend none`: SGLang's standard EP dispatch. Each rank owns 8 of the 16 routed experts
+  (FusedMoE's loader keeps the rank's experts of the checkpoint, the dispatcher maps global ids to local ones and
+  drops the others), latent_down / latent_up / the shared expert run on every rank over every token, and the
+  routed partials plus the shared expert's TP partial are summed in one all-reduce over the TP group.
 
-`cpu_tp_shim/` works around two SGLang 0.5.23 CPU limits outside the model (see its docstring). Expert
-parallelism (`--ep 2`) stops in SGLang's standard dispatcher on CPU (`get_device()` has no CPU platform) and is
-not covered here; attention DP / CP are not implemented (docs/serving-design.md)."""
+`cpu_tp_shim/` works around SGLang 0.5.23's CPU limits outside the model (its docstring lists them). Attention
+DP / CP and the MoE all-to-all backends are refused when the model is built (docs/serving-design.md section 8).
+"""
 
 from __future__ import annotations
 
@@ -24,8 +26,9 @@ from tests.serving import server_harness as sh
 SHIM = Path(__file__).parent / "cpu_tp_shim"
 
 
-@pytest.mark.slow
-def test_tp2_cpu_server_matches_reference(tmp_path):
+def _serve_and_score(tmp_path, *layout: str, log_name: str):
+    """Serve the tiny BF16 checkpoint with `layout` on two CPU ranks, 8 greedy tokens for five prompts; returns
+    (score against the KV-rounded reference, server log)."""
     from sglang_ernie55.checkpoint.tiny import make_checkpoint
     from sglang_ernie55.configuration import tiny_config
 
@@ -41,8 +44,7 @@ def test_tp2_cpu_server_matches_reference(tmp_path):
         str(path),
         "--device",
         "cpu",
-        "--tp",
-        "2",
+        *layout,
         "--dtype",
         "float32",
         "--kv-cache-dtype",
@@ -59,7 +61,7 @@ def test_tp2_cpu_server_matches_reference(tmp_path):
         "--disable-prefill-cuda-graph",
         "--sampling-backend",
         "pytorch",
-        log_name="cpu-tp2",
+        log_name=log_name,
         env=env,
         timeout=900,
     )
@@ -72,5 +74,22 @@ def test_tp2_cpu_server_matches_reference(tmp_path):
     _, ref = sh.load_reference(path, "cpu")
     with sh.kv_rounded_reference():
         s = sh.score(ref, prompts, outs, "cpu")
+    print(f"\n[{log_name}, startup {server.startup_s:.0f}s] {s.summary()}")
+    return s, log
+
+
+@pytest.mark.slow
+def test_tp2_cpu_server_matches_reference(tmp_path):
+    s, _ = _serve_and_score(tmp_path, "--tp", "2", log_name="cpu-tp2")
+    assert s.top1 == s.positions, (s.summary(), s.mismatches)
+    assert s.max_lp_err <= 0.02, s.summary()
+
+
+@pytest.mark.slow
+def test_tp2_ep2_cpu_server_matches_reference(tmp_path):
+    s, log = _serve_and_score(
+        tmp_path, "--tp", "2", "--ep", "2", "--moe-a2a-backend", "none", log_name="cpu-tp2-ep2"
+    )
+    assert "'ep_size': 2," in log, "the server did not run expert parallelism"
     assert s.top1 == s.positions, (s.summary(), s.mismatches)
     assert s.max_lp_err <= 0.02, s.summary()

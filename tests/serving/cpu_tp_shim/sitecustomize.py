@@ -9,6 +9,12 @@ CPU ops, for two reasons outside the model:
   one KV head for ERNIE-5.5's single shared latent, and writes `qk_head_dim`, a derived property of our
   config: for the ERNIE-5.5 architecture it is skipped (the attention layers shard heads themselves and refuse
   a TP size that does not divide them).
+Expert parallelism (`--ep`) adds two, in SGLang's standard dispatch:
+- `StandardDispatcher.dispatch` builds its global -> local expert map on `get_device()`, which raises on a host
+  with neither CUDA nor `SGLANG_USE_CPU_ENGINE=1`: there it answers "cpu";
+- the CPU MoE (`moe_forward_native`) counts tokens per expert with `scatter_`, which cannot take the -1 ids
+  that mark another rank's experts (the GPU runners drop them) and counts a repeated id in a row once: there
+  each top-k column runs on its own, a -1 id as local expert 0 with routing weight 0 (which adds exactly zero).
 Nothing else changes: the ranks, groups, model sharding, collectives and scheduler are SGLang's and ours."""
 
 import importlib.abc
@@ -40,9 +46,41 @@ def _model_runner(module):
     module.adjust_config_with_unaligned_cpu_tp = adjust
 
 
+def _standard_dispatcher(module):
+    orig = module.get_device
+
+    def get_device(device_id=None):
+        import torch
+
+        return orig(device_id) if torch.cuda.is_available() else "cpu"
+
+    module.get_device = get_device
+
+
+def _fused_moe_native(module):
+    orig = module.moe_forward_native
+
+    def moe_forward_native(layer, x, topk_output, moe_runner_config):
+        ids = topk_output.topk_ids
+        if not bool((ids < 0).any()):
+            return orig(layer, x, topk_output, moe_runner_config)
+        w = topk_output.topk_weights.masked_fill(ids < 0, 0)
+        ids = ids.clamp_min(0)
+        out = None
+        for j in range(ids.shape[1]):
+            col = topk_output._replace(topk_weights=w[:, j : j + 1], topk_ids=ids[:, j : j + 1])
+            y = orig(layer, x, col, moe_runner_config)
+            out = y if out is None else out + y
+        return out
+
+    module.moe_forward_native = moe_forward_native
+
+
 _PATCHES = {
     "sglang.srt.distributed.parallel_state": _parallel_state,
     "sglang.srt.model_executor.model_runner": _model_runner,
+    "sglang.srt.layers.moe.token_dispatcher.standard": _standard_dispatcher,
+    "sglang.srt.layers.moe.fused_moe_native": _fused_moe_native,
 }
 
 
