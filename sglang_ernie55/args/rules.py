@@ -461,6 +461,12 @@ ERNIE55_FLAG_RULES: tuple[FlagRule, ...] = (
         "request `model` != served name",
         "HTTP 404 up front (SGLang itself serves any name); no `model` field: served",
     ),
+    FlagRule(
+        "request token ids outside [0, vocab_size), an empty prompt in a batch, `logprobs` / `top_logprobs` "
+        "outside 0..vocab_size, an empty stop string; `n` < 1 (OpenAI endpoints)",
+        "HTTP 400 naming the field and its legal values, on `/v1/completions`, `/v1/chat/completions` and "
+        "`/generate`, before the scheduler (such a token id would fail in the embedding and stop the server)",
+    ),
 )
 
 
