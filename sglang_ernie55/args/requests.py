@@ -1,8 +1,8 @@
 """Request-time rules of ERNIE-5.5 servers (other architectures fall through): the OpenAI endpoints answer a
 wrong `model` with a 404 and `n > 1` under PD with a 400; every generate request (the tokenizer manager's
 check, repeated at the OpenAI endpoints so a stream is refused before it starts) gets a 400 for token ids
-outside the vocabulary, a logprobs count outside 0..vocab_size, an empty stop string or `n` < 1. A token id
-outside the vocabulary must never reach the embedding."""
+outside the vocabulary, a logprobs count outside 0..vocab_size or an empty stop string (the OpenAI endpoints
+also for `n` < 1). A token id outside the vocabulary must never reach the embedding."""
 
 from __future__ import annotations
 

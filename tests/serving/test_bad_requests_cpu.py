@@ -1,7 +1,7 @@
 """Bad requests against one real SGLang server on CPU (tiny checkpoint): each gets a 4xx whose message names
 the field and its legal values, and after each the server is healthy and still gives the same greedy tokens
-for a good request. Out-of-range token ids and logprob counts used to kill the server (IndexError in the
-embedding, `topk` out of range in the scheduler)."""
+for a good request. Without the plugin's checks, out-of-range token ids and logprob counts stop the server
+(IndexError in the embedding, `topk` out of range in the scheduler)."""
 
 from __future__ import annotations
 
