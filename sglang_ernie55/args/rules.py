@@ -407,7 +407,9 @@ ERNIE55_FLAG_RULES: tuple[FlagRule, ...] = (
     FlagRule(
         "`--tp`, `--attn-dp-size`, `--attn-cp-size`",
         "attention TP = tp / attn_dp / attn_cp must divide 8 (o_groups); else error with the computed "
-        "attention TP and the nearest legal settings (`--tp 16 --attn-dp-size 2` is legal)",
+        "attention TP and the nearest legal settings (`--tp 16 --attn-dp-size 2` is legal). When the model is "
+        "built: attention DP runs at attention TP 1 (`--attn-dp-size` = `--tp`) without `--enable-dp-lm-head`, "
+        "`--ep` and ECHO; other attention-DP layouts and `--attn-cp-size` > 1 are refused (not yet run)",
     ),
     FlagRule(
         "`--ep N` (`--moe-a2a-backend none`)",

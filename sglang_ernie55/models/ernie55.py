@@ -12,10 +12,17 @@ from collections import Counter
 from collections.abc import Iterable
 
 import torch
+from sglang.srt.layers.dp_attention import (
+    dp_gather_replicate,
+    dp_scatter,
+    get_global_dp_buffer,
+    get_local_dp_buffer,
+)
 from sglang.srt.layers.layernorm import RMSNorm
 from sglang.srt.layers.logits_processor import LogitsProcessor
 from sglang.srt.layers.moe.fused_moe_triton import FusedMoE
 from sglang.srt.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
+from sglang.srt.runtime_context import get_parallel, get_spec
 from torch import nn
 
 from ..checkpoint.fp8 import Fp8Pairs
@@ -27,29 +34,46 @@ from ..layers.mhc import HyperConnection, HyperHead
 from ..layers.moe import Ernie55LatentMoE, Ernie55SwiGLU
 
 
-def check_parallel_layout(par, a2a_backend: str = "none") -> None:
-    """Refuse the parallel layouts this model has not run (docs/serving-design.md section 8): attention
-    data / context parallelism (--attn-dp-size / --attn-cp-size > 1) and any MoE all-to-all backend but `none`.
-    Expert parallelism with SGLang's standard dispatch (`--ep N --moe-a2a-backend none`) runs. `par`: SGLang's
-    `get_parallel()`; `a2a_backend`: the resolved --moe-a2a-backend."""
+def check_parallel_layout(par, a2a_backend: str = "none", speculative: bool = False) -> None:
+    """Refuse the parallel layouts this model has not run (docs/serving-design.md section 8): attention context
+    parallelism, attention DP other than at attention TP 1 with a TP-sharded LM head, without EP and without
+    ECHO, and any MoE all-to-all backend but `none`. `par`: SGLang's `get_parallel()`; `a2a_backend`: the
+    resolved --moe-a2a-backend; `speculative`: whether --speculative-algorithm is set."""
     dp, cp = int(getattr(par, "attn_dp_size", 1) or 1), int(getattr(par, "attn_cp_size", 1) or 1)
     tp = int(par.tp_size)
-    if dp > 1 or cp > 1:
+    ep = int(getattr(par, "moe_ep_size", 1) or 1)
+    see = "See docs/serving-design.md section 8 (parallel layouts)."
+    if cp > 1:
         raise NotImplementedError(
-            f"sglang-ernie55 does not implement attention data / context parallelism yet: got tp {tp}, "
-            f"--attn-dp-size {dp}, --attn-cp-size {cp}. Its embedding, LM head and MoE run over the whole TP group "
-            "with no DP-attention token gather, so this layout would hang or compute wrong outputs. Serve "
-            f"with --tp {tp} and neither flag (attention TP {tp}; legal when {tp} divides the 8 HCA output "
-            "groups), or with --dp for independent replicas. See docs/serving-design.md section 8 (parallel layouts)."
+            f"sglang-ernie55 does not implement attention context parallelism yet: got tp {tp}, --attn-dp-size "
+            f"{dp}, --attn-cp-size {cp}. Its attention has no prefill split across ranks (HCA's compressed blocks "
+            f"and the DSA top-k would miss the other ranks' keys). Serve without --attn-cp-size. {see}"
         )
+    if dp > 1:
+        unrun = [
+            what
+            for what, on in (
+                (f"attention TP {tp // dp} (only attention TP 1, --attn-dp-size = --tp, has run)", tp != dp),
+                ("--enable-dp-lm-head", bool(getattr(par, "enable_dp_lm_head", False))),
+                (f"expert parallelism (--ep {ep})", ep > 1),
+                ("speculative decoding (ECHO)", speculative),
+            )
+            if on
+        ]
+        if unrun:
+            raise NotImplementedError(
+                f"sglang-ernie55 has not run attention data parallelism with {' and '.join(unrun)}: got tp {tp}, "
+                f"--attn-dp-size {dp}. It runs --tp {tp} --attn-dp-size {tp} without --enable-dp-lm-head, --ep "
+                f"and speculative decoding, or --tp {tp} without --attn-dp-size (legal when {tp} divides the 8 "
+                f"HCA output groups). {see}"
+            )
     if a2a_backend != "none":
-        ep = int(getattr(par, "moe_ep_size", 1) or 1)
         raise NotImplementedError(
             f"sglang-ernie55 has not run the MoE all-to-all backend `--moe-a2a-backend {a2a_backend}` (expert "
             f"parallel size {ep}): its latent MoE (latent_down before the experts, latent_up and the shared "
             "expert after them) is checked only with SGLang's standard dispatch, where every rank keeps every "
             f"token. Serve with --moe-a2a-backend none: --tp {tp} --ep {ep} then splits the routed experts "
-            f"over {ep} ranks the same way. See docs/serving-design.md section 8 (parallel layouts)."
+            f"over {ep} ranks the same way. {see}"
         )
 
 
@@ -76,6 +100,10 @@ class Ernie55DecoderLayer(nn.Module):
             self.mlp = Ernie55LatentMoE(config, layer_id, quant_config, f"{prefix}.mlp")
         else:
             self.mlp = Ernie55SwiGLU(H, config.intermediate_size, quant_config, f"{prefix}.mlp")
+        # Under attention DP each DP rank holds its own tokens, while the FFN is sharded over the whole TP group:
+        # the FFN runs on every DP rank's rows, gathered before it and scattered back after it (the streams and
+        # both mHC sites stay local), as SGLang's models with a TP-sharded MLP under DP attention do.
+        self.gather_ffn_tokens = get_parallel().attn_dp_size > 1
 
     def forward(self, positions, R: torch.Tensor, forward_batch, dtype: torch.dtype) -> torch.Tensor:
         """R [T, n, H] fp32 streams -> R' (fp32). positions: [T], or the forward's `RopePositions` (the model
@@ -85,8 +113,19 @@ class Ernie55DecoderLayer(nn.Module):
         a = self.self_attn(norm_fp32(self.input_layernorm, y, dtype), positions, forward_batch)
         R = self.attn_hc.post(a, R, post, C)
         y, post, C = self.ffn_hc.pre(R)
-        f = self.mlp(norm_fp32(self.post_attention_layernorm, y, dtype))
+        f = self.ffn(norm_fp32(self.post_attention_layernorm, y, dtype), forward_batch)
         return self.ffn_hc.post(f, R, post, C)
+
+    def ffn(self, x: torch.Tensor, forward_batch) -> torch.Tensor:
+        """The FFN of this rank's rows x [T, H]; under attention DP over every DP rank's rows."""
+        if not self.gather_ffn_tokens:
+            return self.mlp(x)
+        group = get_parallel().tp_group
+        rows = get_global_dp_buffer(group)
+        dp_gather_replicate(rows, x.contiguous(), forward_batch)
+        out = get_local_dp_buffer(group)
+        dp_scatter(out, self.mlp(rows), forward_batch)
+        return out
 
 
 class Ernie55Model(nn.Module):
@@ -95,8 +134,12 @@ class Ernie55Model(nn.Module):
         check_layer_impl()  # a bad SGLANG_ERNIE55_LAYER_IMPL fails when the model is built
         self.config = config
         self.n = config.hc_mult
+        # under attention DP each rank embeds its own tokens: vocab-parallel over the attention-TP group
         self.embed_tokens = VocabParallelEmbedding(
-            config.vocab_size, config.hidden_size, prefix=f"{prefix}.embed_tokens"
+            config.vocab_size,
+            config.hidden_size,
+            use_attn_tp_group=get_parallel().attn_dp_size > 1,
+            prefix=f"{prefix}.embed_tokens",
         )
         self.rope = RopeTable(config)
         self.layers = nn.ModuleList(
@@ -132,11 +175,14 @@ class Ernie5_5_MoeForCausalLM(nn.Module):
         super().__init__()
         from sglang.srt.distributed.parallel_state import get_pp_group
         from sglang.srt.layers.moe import get_moe_a2a_backend
-        from sglang.srt.runtime_context import get_parallel
 
         if get_pp_group().world_size > 1:
             raise NotImplementedError("sglang-ernie55: pipeline parallelism is not supported yet")
-        check_parallel_layout(get_parallel(), str(get_moe_a2a_backend().value))
+        check_parallel_layout(
+            get_parallel(),
+            str(get_moe_a2a_backend().value),
+            bool(getattr(get_spec(), "speculative_algorithm", None)),
+        )
         self.config = config
         self.quant_config = quant_config
         # SGLang's checkpoint-name -> FusedMoE parameter table (`experts.{e}.gate_proj.` -> `experts.w13_`,
@@ -151,7 +197,14 @@ class Ernie5_5_MoeForCausalLM(nn.Module):
             )
         }
         self.model = Ernie55Model(config, quant_config, "model")
-        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, prefix="lm_head")
+        # --enable-dp-lm-head: each DP rank's own rows over the attention-TP group; else the logits processor
+        # gathers the rows over DP for a head sharded over the whole TP group
+        self.lm_head = ParallelLMHead(
+            config.vocab_size,
+            config.hidden_size,
+            use_attn_tp_group=get_parallel().enable_dp_lm_head,
+            prefix="lm_head",
+        )
         self.logits_processor = LogitsProcessor(config)
 
     @property

@@ -350,20 +350,33 @@ def test_model_with_layers_on_kernels_equals_reference():
 
 
 def test_unimplemented_parallel_layouts_are_refused():
-    """Attention DP / CP and MoE all-to-all backends are refused when the model is built (the rules accept them
-    as SERVING.md's layouts; the model has not run them: a server could hang or compute wrong outputs)."""
+    """The layouts the model has not run are refused when it is built, each naming what runs instead: attention
+    CP, attention DP beyond attention TP 1 / with a DP LM head / EP / ECHO, MoE all-to-all backends."""
     from types import SimpleNamespace
 
     from sglang_ernie55.models.ernie55 import check_parallel_layout
 
-    check_parallel_layout(SimpleNamespace(tp_size=4, attn_dp_size=1, attn_cp_size=1))  # plain TP: built
-    for dp, cp in ((4, 1), (2, 1), (1, 2)):
-        with pytest.raises(NotImplementedError, match=f"--attn-dp-size {dp}, --attn-cp-size {cp}.*--tp 4"):
-            check_parallel_layout(SimpleNamespace(tp_size=4, attn_dp_size=dp, attn_cp_size=cp))
-    # EP with SGLang's standard dispatch is built; an all-to-all backend is refused with the flag that runs
-    ep4 = SimpleNamespace(tp_size=4, attn_dp_size=1, attn_cp_size=1, moe_ep_size=4)
-    check_parallel_layout(ep4, "none")
+    def par(tp=4, dp=1, cp=1, ep=1, dp_head=False):
+        return SimpleNamespace(
+            tp_size=tp, attn_dp_size=dp, attn_cp_size=cp, moe_ep_size=ep, enable_dp_lm_head=dp_head
+        )
+
+    check_parallel_layout(par())  # plain TP
+    check_parallel_layout(par(dp=4))  # attention DP at attention TP 1
+    check_parallel_layout(par(ep=4), "none")  # EP with SGLang's standard dispatch
+    for p in (par(cp=2), par(dp=2, cp=2)):
+        with pytest.raises(NotImplementedError, match="context parallelism.*--attn-cp-size 2"):
+            check_parallel_layout(p)
+    for p, what in (
+        (par(dp=2), "attention TP 2"),
+        (par(dp=4, dp_head=True), "--enable-dp-lm-head"),
+        (par(dp=4, ep=4), r"expert parallelism \(--ep 4\)"),
+    ):
+        with pytest.raises(NotImplementedError, match=f"with {what}.*--tp 4 --attn-dp-size 4"):
+            check_parallel_layout(p)
+    with pytest.raises(NotImplementedError, match="ECHO"):
+        check_parallel_layout(par(dp=4), speculative=True)
     with pytest.raises(
         NotImplementedError, match="a2a-backend deepep.*--moe-a2a-backend none: --tp 4 --ep 4"
     ):
-        check_parallel_layout(ep4, "deepep")
+        check_parallel_layout(par(ep=4), "deepep")

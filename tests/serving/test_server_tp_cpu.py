@@ -5,13 +5,18 @@ KV-rounded oracle of test_server_cpu.py) and logprobs stay within 0.02.
 - `--tp 2`: the attention layers' head / HCA output-group sharding (`wq_b`, `wo_a`, `wo_b`, `q_b_proj`,
   `kv_b_proj`, `o_proj`, the sink), the vocab-parallel embedding and LM head, the latent MoE's expert sharding and
   the sum of its partial outputs over the ranks (FusedMoE returns each rank's partial, reduce_results=False).
+- `--tp 2 --attn-dp-size 2` (attention TP 1): each DP rank schedules its own requests over its own KV pools, runs
+  attention on whole heads and embeds its own tokens; the FFNs (dense and MoE, sharded over the TP group) run on
+  both ranks' rows, gathered before them and scattered back after them; a rank without requests runs SGLang's
+  IDLE batches; the logits processor gathers the rows for the vocab-parallel LM head.
 - `--tp 2 --ep 2 --moe-a2a-backend none`: SGLang's standard EP dispatch. Each rank owns 8 of the 16 routed experts
   (FusedMoE's loader keeps the rank's experts of the checkpoint, the dispatcher maps global ids to local ones and
   drops the others), latent_down / latent_up / the shared expert run on every rank over every token, and the
   routed partials plus the shared expert's TP partial are summed in one all-reduce over the TP group.
 
-`cpu_tp_shim/` works around SGLang 0.5.23's CPU limits outside the model (its docstring lists them). Attention
-DP / CP and the MoE all-to-all backends are refused when the model is built (docs/serving-design.md section 8).
+`cpu_tp_shim/` works around SGLang 0.5.23's CPU limits outside the model (its docstring lists them). Attention CP,
+attention DP beyond these layouts and the MoE all-to-all backends are refused when the model is built
+(docs/serving-design.md section 8).
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from tests.serving import server_harness as sh
 SHIM = Path(__file__).parent / "cpu_tp_shim"
 
 
-def _serve_and_score(tmp_path, *layout: str, log_name: str):
+def _serve_and_score(tmp_path, *layout: str, log_name: str, chunk: int = 256):
     """Serve the tiny BF16 checkpoint with `layout` on two CPU ranks, 8 greedy tokens for five prompts; returns
     (score against the KV-rounded reference, server log)."""
     from sglang_ernie55.checkpoint.tiny import make_checkpoint
@@ -56,7 +61,7 @@ def _serve_and_score(tmp_path, *layout: str, log_name: str):
         "--max-total-tokens",
         "8192",
         "--chunked-prefill-size",
-        "256",
+        str(chunk),
         "--disable-cuda-graph",
         "--disable-prefill-cuda-graph",
         "--sampling-backend",
@@ -91,5 +96,14 @@ def test_tp2_ep2_cpu_server_matches_reference(tmp_path):
         tmp_path, "--tp", "2", "--ep", "2", "--moe-a2a-backend", "none", log_name="cpu-tp2-ep2"
     )
     assert "'ep_size': 2," in log, "the server did not run expert parallelism"
+    assert s.top1 == s.positions, (s.summary(), s.mismatches)
+    assert s.max_lp_err <= 0.02, s.summary()
+
+
+@pytest.mark.slow
+def test_tp2_attn_dp2_cpu_server_matches_reference(tmp_path):
+    # SGLang gives each DP rank chunked-prefill-size / attn-dp-size, which must stay a multiple of the 256 page
+    s, log = _serve_and_score(tmp_path, "--tp", "2", "--attn-dp-size", "2", log_name="cpu-tp2-dp2", chunk=512)
+    assert "'enable_dp_attention': True," in log and "DP1" in log, "the server did not run attention DP"
     assert s.top1 == s.positions, (s.summary(), s.mismatches)
     assert s.max_lp_err <= 0.02, s.summary()

@@ -15,6 +15,13 @@ Expert parallelism (`--ep`) adds two, in SGLang's standard dispatch:
 - the CPU MoE (`moe_forward_native`) counts tokens per expert with `scatter_`, which cannot take the -1 ids
   that mark another rank's experts (the GPU runners drop them) and counts a repeated id in a row once: there
   each top-k column runs on its own, a -1 id as local expert 0 with routing weight 0 (which adds exactly zero).
+Attention DP adds three, in SGLang's DP-attention machinery:
+- `ForwardBatch.prepare_mlp_sync_batch` builds the per-rank token counts with `pin_memory=True`, which needs a
+  CUDA driver: there without pinning;
+- `dp_attention.memcpy` places a rank's rows into the gather buffer with Triton unless `SGLANG_USE_CPU_ENGINE=1`:
+  there with its torch copy (`memcpy_cpu`);
+- `GroupCoordinator.all_gather_into_tensor` goes through a custom op registered for accelerators only: for CPU
+  tensors it takes the group's own gather (gloo).
 Nothing else changes: the ranks, groups, model sharding, collectives and scheduler are SGLang's and ours."""
 
 import importlib.abc
@@ -33,6 +40,16 @@ def _parallel_state(module):
         return orig(*a, **k)
 
     module.init_model_parallel_group = init_model_parallel_group
+
+    # the DP-attention gather's all-gather is a custom op registered for accelerators only
+    gather = module.GroupCoordinator.all_gather_into_tensor
+
+    def all_gather_into_tensor(self, output, input):
+        if output.device.type == "cpu":
+            return self._all_gather_into_tensor(output, input)
+        return gather(self, output, input)
+
+    module.GroupCoordinator.all_gather_into_tensor = all_gather_into_tensor
 
 
 def _model_runner(module):
@@ -76,11 +93,39 @@ def _fused_moe_native(module):
     module.moe_forward_native = moe_forward_native
 
 
+def _forward_batch_info(module):
+    import torch
+
+    if torch.cuda.is_available():
+        return
+
+    class _UnpinnedTorch:
+        """`torch` for this module, whose `tensor(..., pin_memory=True)` needs a CUDA driver."""
+
+        def __getattr__(self, name):
+            return getattr(torch, name)
+
+        @staticmethod
+        def tensor(*a, pin_memory=False, **k):
+            return torch.tensor(*a, **k)
+
+    module.torch = _UnpinnedTorch()
+
+
+def _dp_attention(module):
+    import torch
+
+    if not torch.cuda.is_available():
+        module.memcpy_func = module.memcpy_cpu
+
+
 _PATCHES = {
     "sglang.srt.distributed.parallel_state": _parallel_state,
     "sglang.srt.model_executor.model_runner": _model_runner,
     "sglang.srt.layers.moe.token_dispatcher.standard": _standard_dispatcher,
     "sglang.srt.layers.moe.fused_moe_native": _fused_moe_native,
+    "sglang.srt.model_executor.forward_batch_info": _forward_batch_info,
+    "sglang.srt.layers.dp_attention": _dp_attention,
 }
 
 
