@@ -3,13 +3,12 @@ package SGLang depends on), hardware cells ship as package data, and both `kerne
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import zipfile
 from pathlib import Path
 
 import pytest
+
+from tests import wheel_util
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -34,26 +33,12 @@ def test_wheel_layout(wheel):
 
 
 def test_installed_wheel_imports_both_kernels_packages(wheel, tmp_path):
-    target = tmp_path / "site"
-    subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target), str(wheel)],
-        check=True,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    target = wheel_util.install(wheel, tmp_path)
     code = (
         "import kernels, sglang_ernie55.kernels as ours; "
         f"assert ours.__file__.startswith({str(target)!r}), ours.__file__; "
         f"assert not kernels.__file__.startswith({str(target)!r}), kernels.__file__; "
         "print('OK', kernels.__name__, ours.__name__)"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(target)},  # the installed wheel first
-    )
+    out = wheel_util.run_python(target, code)
     assert out.returncode == 0 and "OK kernels sglang_ernie55.kernels" in out.stdout, out.stderr[-3000:]

@@ -3,15 +3,13 @@ wheel (importlib.resources), not from the source tree."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import zipfile
 from pathlib import Path
 
 import pytest
 
 from sglang_ernie55.deploy.cells import cell_files
+from tests import wheel_util
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -33,26 +31,12 @@ def test_wheel_contains_every_cell(wheel):
 
 
 def test_installed_wheel_reads_its_cells(wheel, tmp_path):
-    target = tmp_path / "site"
-    subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target), str(wheel)],
-        check=True,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    target = wheel_util.install(wheel, tmp_path)
     code = (
         "import sglang_ernie55.deploy.cells as c; "
         f"assert c.__file__.startswith({str(target)!r}), c.__file__; "
         "cell = c.find_cell('h100', 'bf16', 'high-throughput'); print(len(c.load_cells()), cell.shell_command())"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(target)},  # the installed wheel first
-    )
+    out = wheel_util.run_python(target, code)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.startswith("48 sglang serve --model-path baidu/ERNIE-5.5-Flash-Base-BF16 --tp-size 16")

@@ -36,27 +36,13 @@ from tests.serving import server_harness as sh
 
 SHIM = Path(__file__).resolve().parent / "cpu_spec_shim"
 NEW_TOKENS = 10
-FLAGS = (
-    "--device",
-    "cpu",
-    "--dtype",
-    "float32",
-    "--kv-cache-dtype",
-    "bfloat16",
-    "--context-length",
-    "2048",
-    "--max-running-requests",
-    "4",
-    "--max-total-tokens",
-    "8192",
-    "--swa-full-tokens-ratio",
-    "0.5",
-    "--chunked-prefill-size",
-    "256",
-    "--disable-cuda-graph",
-    "--disable-prefill-cuda-graph",
-    "--sampling-backend",
-    "pytorch",
+FLAGS = sh.cpu_flags(
+    context_length=2048,
+    swa_full_tokens_ratio="0.5",
+    chunked_prefill_size=256,
+    disable_cuda_graph=True,
+    disable_prefill_cuda_graph=True,
+    sampling_backend="pytorch",
 )
 
 

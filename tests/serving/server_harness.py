@@ -39,6 +39,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def cpu_flags(**flags) -> list[str]:
+    """The demo's CPU server flags (`cli.demo.CPU_SERVER_ARGS`, what a user's CPU server runs) with `flags` set
+    or added: `max_total_tokens=1024` -> `--max-total-tokens 1024`, `disable_cuda_graph=True` -> the bare flag."""
+    from sglang_ernie55.cli.demo import CPU_SERVER_ARGS
+
+    args = {name: value for (name, value), _why in CPU_SERVER_ARGS}
+    args.update({"--" + k.replace("_", "-"): v for k, v in flags.items()})
+    out: list[str] = []
+    for name, value in args.items():
+        out += [name] if value is True else [name, str(value)]
+    return out
+
+
 def make_prompts(vocab: int, bos: int, lengths=PROMPT_LENGTHS, seed: int = 0) -> list[list[int]]:
     """Random token prompts, BOS first; plus one that shares a 512-token (2-page) prefix with another."""
     g = torch.Generator().manual_seed(seed)

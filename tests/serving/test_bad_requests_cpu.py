@@ -10,22 +10,9 @@ import requests
 
 from tests.serving import server_harness as sh
 
-# the CPU flags of the demo and the other CPU server tests; everything else is SGLang's default
-FLAGS = (
-    "--device",
-    "cpu",
-    "--dtype",
-    "float32",
-    "--kv-cache-dtype",
-    "bfloat16",
-    "--max-total-tokens",
-    "8192",
-    "--max-running-requests",
-    "4",
-    "--context-length",
-    "2048",
-)
 CONTEXT = 2048
+# the CPU flags of the demo; everything else is SGLang's default
+FLAGS = sh.cpu_flags(context_length=CONTEXT)
 GOOD_PROMPT = [1, 17, 230, 45, 99, 3, 311]
 GOOD_TOKENS = 8
 

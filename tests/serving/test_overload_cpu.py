@@ -13,21 +13,8 @@ from tests.serving import overload_harness as oh
 from tests.serving import server_harness as sh
 
 FULL_TOKENS = 1024  # 4 pages of 256 tokens (the SWA pool as many): a few requests fill it
-FLAGS = (
-    "--device",
-    "cpu",
-    "--dtype",
-    "float32",
-    "--kv-cache-dtype",
-    "bfloat16",
-    "--context-length",
-    "2048",
-    "--max-running-requests",
-    "8",
-    "--max-total-tokens",
-    str(FULL_TOKENS),
-    "--swa-full-tokens-ratio",
-    "1.0",
+FLAGS = sh.cpu_flags(
+    context_length=2048, max_running_requests=8, max_total_tokens=FULL_TOKENS, swa_full_tokens_ratio="1.0"
 )
 LENGTHS = (12, 300, 90, 200, 250, 40, 310, 257, 150, 230, 66, 180, 240, 100, 290, 33, 170, 128, 260, 60)
 ABORTED = {3, 13}  # closed after their first chunks
