@@ -1,5 +1,7 @@
 """Offline resource report of the sparse attention split kernel: compile it for sm_90 (Hopper) on a
-machine without a GPU and print registers, spills and whether Hopper's wgmma is used.
+machine without a GPU and print registers, spills and whether Hopper's wgmma is used, for serving's default
+launch (the first rows: no tuning arguments passed, as serving calls it) and for other head-dim chunks
+(block_d) and launch configs.
 
 The exact specialisations serving launches are captured, not retyped: `sparse_mqa_attention` is called on
 CPU tensors of the serving shapes (64 heads; HCA window 128 + 1024 compressed entries with a sink; MLA-DSA
@@ -10,12 +12,13 @@ pinned to the H200's 132, so the split count is the GPU's). Each is then compile
 ``-v`` (Triton's flags) for the spill bytes, and the cubin read with the bundled ``cuobjdump
 --dump-resource-usage``.
 
-    python benchmarks/kernel_resources.py [--variant NAME ...] [--configs BH,BN,W,S ...] [--only hca_fp8 ...]
-                                          [--keep DIR] [--json FILE]
+    python benchmarks/kernel_resources.py [--block-d N ...] [--configs BH,BN,W,S ...] [--only hca_fp8 ...]
+                                          [--fp32] [--keep DIR] [--json FILE]
 
 Columns: registers per thread, spill stores / loads (bytes per thread, ptxas), stack frame (bytes per
 thread, = the local memory Triton reports as ``n_spills`` in 4-byte words: the "spills" of docs/kernels.md),
-shared memory (bytes, what the launch reserves), wgmma (Hopper warpgroup MMA in the PTX) or mma.sync.
+shared memory (bytes, what the launch reserves; an sm_90 block may take at most 232448), wgmma (Hopper
+warpgroup MMA in the PTX) or mma.sync. ``--fp32``: fp32 queries (the exactness mode: fp32 dot operands).
 Numbers come from the local Triton / ptxas; the GPU machine's Triton may allocate a little differently.
 """
 
@@ -33,7 +36,6 @@ os.environ.pop("TRITON_INTERPRET", None)  # compile for the GPU (bf16 dot operan
 
 import torch  # noqa: E402
 import triton  # noqa: E402
-from sparse_attn_dchunk import DChunk, sparse_attn_split_dc_kernel  # noqa: E402  (this folder)
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource, make_backend  # noqa: E402
 from triton.runtime.jit import create_function_from_signature  # noqa: E402
@@ -44,13 +46,14 @@ from sglang_ernie55.kernels import sparse_attn as SA  # noqa: E402
 TARGET = GPUTarget("cuda", 90, 32)
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 H = 64
-DEFAULT_VARIANTS = ["base", "dchunk:64", "dchunk:128"]  # base, or dchunk:block_d (sparse_attn_dchunk.DChunk)
-# (block_h, block_n, warps, stages): serving's default (it passes no tuning) first, the bench's chosen config, the
-# "dchunk" candidates of bench_decode.py --variants, 16 warps
-CONFIGS = [(64, 32, 8, 1), (64, 64, 8, 1), (64, 32, 8, 2), (64, 64, 8, 2), (64, 16, 8, 2), (64, 64, 16, 1)]
+SMEM_MAX = 232448  # bytes of shared memory one sm_90 block may reserve
+DEFAULT_BLOCK_D = [128, 64]  # head-dim chunks of the grid (serving's default is 128 at full width)
+# (block_h, block_n, warps, stages): serving's default launch, then one stage, wider / narrower key blocks (the
+# candidates of bench_decode.py --variants), 16 warps
+CONFIGS = [(64, 32, 8, 2), (64, 32, 8, 1), (64, 64, 8, 1), (64, 64, 8, 2), (64, 16, 8, 2), (64, 64, 16, 1)]
 
 
-def _cases():
+def _cases(qdtype=torch.bfloat16):
     """name -> (q, scopes, kwargs) at the serving shapes (pools of one page: only the specialisation matters)."""
     B = 4
     out = {}
@@ -61,13 +64,13 @@ def _cases():
         ln = torch.full((B,), 128, dtype=torch.int32)
         cl = torch.full((B,), 1024, dtype=torch.int32)
         out[f"hca_{kv}"] = (
-            torch.zeros(B, H, 512, dtype=torch.bfloat16),
+            torch.zeros(B, H, 512, dtype=qdtype),
             [SA.Scope(g.alloc(1), g, wi, ln), SA.Scope(gc.alloc(1), gc, ci, cl)],
             dict(sm_scale=512**-0.5, d_v=512, sink=torch.zeros(H), out=torch.empty(B, H, 512)),
         )
         gm = L.mla_geometry(kv)
         out[f"mla_{kv}"] = (
-            torch.zeros(B, H, 576, dtype=torch.bfloat16),
+            torch.zeros(B, H, 576, dtype=qdtype),
             [
                 SA.Scope(
                     gm.alloc(1),
@@ -88,33 +91,28 @@ class _Captured(Exception):
 def capture_split_launch(q, scopes, kw):
     """(kernel, args, kwargs) of the split-kernel launch that `sparse_mqa_attention` makes for these inputs."""
     got = {}
-    kernels = [SA.sparse_attn_split_kernel, sparse_attn_split_dc_kernel]
-    saved = {id(k): k.__dict__.get("run") for k in kernels}
+    kern = SA.sparse_attn_split_kernel
+    saved = kern.__dict__.get("run")
 
-    def grab(kern):
-        def run(*args, grid, warmup, **kwargs):
-            got.update(kernel=kern, args=args, kwargs=kwargs)
-            raise _Captured
-
-        return run
+    def run(*args, grid, warmup, **kwargs):
+        got.update(args=args, kwargs=kwargs)
+        raise _Captured
 
     sms = SA._num_sms
     try:
         SA._num_sms = lambda dev: 132  # the H200's SM count: the GPU's split count
-        for k in kernels:
-            k.run = grab(k)
+        kern.run = run
         try:
             SA.sparse_mqa_attention(q, *scopes, **kw)
         except _Captured:
             pass
     finally:
         SA._num_sms = sms
-        for k in kernels:
-            if saved[id(k)] is None:
-                k.__dict__.pop("run", None)
-            else:
-                k.run = saved[id(k)]
-    return got["kernel"], got["args"], got["kwargs"]
+        if saved is None:
+            kern.__dict__.pop("run", None)
+        else:
+            kern.run = saved
+    return kern, got["args"], got["kwargs"]
 
 
 def compile_sm90(kernel, args, kwargs):
@@ -173,57 +171,70 @@ def resources(c, keep: str | None = None, tag: str = "k") -> dict:
     return r
 
 
+def _launch_config(k: dict) -> tuple:
+    """(block_h, block_n, warps, stages) and block_d of a captured launch's keyword arguments."""
+    return (k["BH"], k["BN"], k["num_warps"], k["num_stages"]), k["DC"]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument(
-        "--variant",
+        "--block-d",
         nargs="*",
+        type=int,
         default=None,
-        help=f"base, or dchunk[:block_d]: the split kernel of sparse_mqa_attention (default: {' '.join(DEFAULT_VARIANTS)})",
+        help=f"head-dim chunks of the config grid (default: {' '.join(map(str, DEFAULT_BLOCK_D))})",
     )
     ap.add_argument(
         "--configs", nargs="*", default=None, help="BH,BN,W,S tuples (default: the bench configs)"
     )
     ap.add_argument("--only", nargs="*", default=None, help="cases: hca_fp8 hca_bf16 mla_fp8 mla_bf16")
+    ap.add_argument("--fp32", action="store_true", help="fp32 queries (the exactness mode)")
     ap.add_argument("--keep", default=None, help="directory to keep the .ptx / .cubin files in")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
-    variants = args.variant or DEFAULT_VARIANTS
+    block_ds = DEFAULT_BLOCK_D if args.block_d is None else args.block_d
     configs = [tuple(int(x) for x in c.split(",")) for c in args.configs] if args.configs else CONFIGS
-    cases = _cases()
-    print(f"# sparse_attn split kernel, sm_90, triton {triton.__version__}, torch {torch.__version__}")
+    cases = {
+        n: c
+        for n, c in _cases(torch.float32 if args.fp32 else torch.bfloat16).items()
+        if not args.only or n in args.only
+    }
+    qd = "fp32" if args.fp32 else "bf16"
     print(
-        "| variant | case | block_h, block_n, warps, stages | regs | spill st / ld (B) | stack (B) = words | shared (B) | MMA |"
+        f"# sparse_attn split kernel, sm_90, {qd} queries, triton {triton.__version__}, torch {torch.__version__}"
     )
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    print(
+        "| launch | block_d | case | block_h, block_n, warps, stages | regs | spill st / ld (B) | "
+        "stack (B) = words | shared (B) | MMA |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    # serving's default first (no tuning arguments), then the grid
+    runs = [("serving default", None, None)]
+    runs += [("tuned", bd, cfg) for bd in block_ds for cfg in configs]
     rows = []
-    for var in variants:
+    for label, bd, cfg in runs:
         for name, (q, scopes, kw) in cases.items():
-            if args.only and name not in args.only:
+            ckw = dict(kw)
+            if cfg is not None:
+                ckw.update(block_h=cfg[0], block_n=cfg[1], num_warps=cfg[2], num_stages=cfg[3], block_d=bd)
+            try:
+                kern, a, k = capture_split_launch(q, scopes, ckw)
+                lcfg, lbd = _launch_config(k)
+                tag = f"{label.replace(' ', '_')}_{lbd}_{name}_{'_'.join(map(str, lcfg))}"
+                r = resources(compile_sm90(kern, a, k), args.keep, tag)
+            except Exception as e:  # noqa: BLE001
+                print(f"| {label} | {bd} | {name} | {cfg} | failed: {type(e).__name__}: {str(e)[:200]} |||||")
                 continue
-            for cfg in configs:
-                ckw = dict(kw, block_h=cfg[0], block_n=cfg[1], num_warps=cfg[2], num_stages=cfg[3])
-                name_, _, bd = var.partition(":")
-                if name_ == "dchunk":
-                    ckw["split"] = DChunk(int(bd or 64))
-                try:
-                    kern, a, k = capture_split_launch(q, scopes, ckw)
-                    r = resources(
-                        compile_sm90(kern, a, k),
-                        args.keep,
-                        f"{var.replace(':', '')}_{name}_{'_'.join(map(str, cfg))}",
-                    )
-                except Exception as e:  # noqa: BLE001
-                    print(f"| {var} | {name} | {cfg} | failed: {type(e).__name__}: {str(e)[:200]} |||||")
-                    continue
-                mma = "wgmma" if r["wgmma"] else ("mma.sync" if r["mma_sync"] else "none")
-                print(
-                    f"| {var} | {name} | {cfg} | {r['regs']} | {r['spill_st']} / {r['spill_ld']} | "
-                    f"{r['stack'] + r['local']} = {(r['stack'] + r['local']) // 4} | "
-                    f"{r['shared']} | {mma} |",
-                    flush=True,
-                )
-                rows.append(dict(variant=var, case=name, cfg=cfg, **r))
+            mma = "wgmma" if r["wgmma"] else ("mma.sync" if r["mma_sync"] else "none")
+            words = (r["stack"] + r["local"]) // 4
+            smem = f"{r['shared']}" + (" (too much)" if r["shared"] > SMEM_MAX else "")
+            print(
+                f"| {label} | {lbd} | {name} | {lcfg} | {r['regs']} | {r['spill_st']} / {r['spill_ld']} | "
+                f"{r['stack'] + r['local']} = {words} | {smem} | {mma} |",
+                flush=True,
+            )
+            rows.append(dict(launch=label, block_d=lbd, case=name, cfg=lcfg, query=qd, **r))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

@@ -21,25 +21,27 @@ LN2 = math.log(2.0)
 LAST_COMPILED: dict = {}  # diagnostics: the last compiled split kernel (n_regs / n_spills / asm)
 
 
-class SplitKernel:
-    """The split pass of `sparse_mqa_attention` (`sparse_attn_split_kernel`). A candidate kernel with the same
-    arguments and outputs plugs in as a subclass (e.g. benchmarks/sparse_attn_dchunk.py)."""
-
-    kernel = sparse_attn_split_kernel
-
-    def check(self, a: PoolArgs) -> None:
-        """Refuse (ValueError) a pool geometry the kernel cannot take: the base kernel takes every one."""
-
-    def extra_pool(self, ua: tuple, ub: tuple) -> tuple:
-        """The extra scope's pool arguments from the main (ua) and extra (ub) pools' views: the extra's views."""
-        return ub
-
-    def constexprs(self) -> dict:
-        """The kernel's own compile-time arguments beyond the base kernel's: none."""
-        return {}
+# Head-dim chunk of the split kernel: at 512 dims, 4 chunks of [64, 128] accumulator / [block_n, 128] key tiles.
+# With block_n 32, 8 warps and 2 stages the offline sm_90 compile spills nothing at the serving shapes (HCA /
+# MLA, fp8 / bf16; docs/kernels.md "Register pressure"); 2 stages let Triton pipeline the key loads and overlap
+# the PV product with the next block. fp32 queries (fp32 operand tiles, twice the bytes) take 1 stage: with 2,
+# 64 heads need more shared memory than an sm_90 block may have (offline compile: up to 258176 B of 232448).
+BLOCK_D = 128
+STAGES = 2
+STAGES_FP32 = 1
+MAX_CHUNKS = 8  # the kernel holds at most 8 query / accumulator chunks
 
 
-BASE_SPLIT = SplitKernel()
+def _block_d(a: PoolArgs, block_d: int | None) -> int:
+    """The head-dim chunk for a pool: ``block_d`` checked, or BLOCK_D fitted to the padded main width."""
+    if block_d is None:
+        return max(min(BLOCK_D, a.main_p), a.main_p // MAX_CHUNKS)
+    bd = block_d
+    check(
+        bd >= 16 and bd & (bd - 1) == 0 and a.main_p % bd == 0 and a.main_p // bd <= MAX_CHUNKS,
+        f"block_d: a power of two >= 16 dividing {a.main_p} into at most {MAX_CHUNKS} chunks, got {bd}",
+    )
+    return bd
 
 
 @dataclasses.dataclass
@@ -92,9 +94,9 @@ def sparse_mqa_attention(
     block_h: int | None = None,
     block_n: int = 32,
     num_warps: int | None = None,
-    num_stages: int = 1,
+    num_stages: int | None = None,
     split_keys: int | None = None,
-    split: SplitKernel = BASE_SPLIT,
+    block_d: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per query token t and head h, over the keys S_t (the valid slots of main, then extra; K = V):
 
@@ -114,14 +116,15 @@ def sparse_mqa_attention(
     sink:  fp32 [h] raw logits (added as exp(sink) to the denominator) or None.
     d_v:   the main width (value = first d_v dims of the key: HCA head_dim, MLA latent) or main + rope.
     out:   optional [T, h, d_v] tensor written in place (any float dtype; last dim contiguous).
-    num_splits / block_h / block_n / num_warps / num_stages: tuning; defaults pick a split count that
-           gives ~2 programs per SM.
+    num_splits / block_h / block_n / num_warps / num_stages / block_d: tuning; defaults pick a split count
+           that gives ~2 programs per SM, 64 heads per program (fewer for fewer heads) on 8 warps, 32 keys
+           per block, `STAGES` pipeline stages (`STAGES_FP32` for fp32 queries) and `BLOCK_D`-dim chunks of
+           the head dim (a power of two >= 16 dividing the padded main width into at most 8 chunks).
     split_keys: batch-invariant mode (SGLang's --enable-deterministic-inference): every split covers
            exactly this many keys of the query's own key sequence (a multiple of block_n) and the result
            always goes through the combine pass, so a query's output depends only on its own keys, never
            on the batch's size, index widths or the other queries (the default split count follows the
            batch: T and the widest index row). Excludes ``num_splits``.
-    split: the split kernel (`SplitKernel`: serving's; a subclass runs a candidate with the same contract).
     """
     a = pool_args(main.geom)
     T, H, D = q.shape
@@ -154,8 +157,7 @@ def sparse_mqa_attention(
         out.shape == (T, H, d_v) and out.stride(2) == 1,
         f"out: expected [{T}, {H}, {d_v}] with contiguous last dim",
     )
-    check(isinstance(split, SplitKernel), f"split: a SplitKernel, got {type(split).__name__}")
-    split.check(a)
+    bd = _block_d(a, block_d)
     lse = torch.empty(T, H, dtype=torch.float32, device=q.device)
     if T == 0:
         return out, lse
@@ -187,9 +189,7 @@ def sparse_mqa_attention(
         part = torch.empty(T, num_splits, H, d_v, dtype=torch.float32, device=q.device)
         plse = torch.empty(T, num_splits, H, dtype=torch.float32, device=q.device)
 
-    ua = pool_views(main.pool)
     ex = extra if extra is not None else main
-    ub = pool_views(ex.pool)
     gb = ex.geom
     dummy_len = main.indices  # never read when HAS_L* is False
     nw = num_warps or (8 if bh >= 64 else 4)
@@ -203,11 +203,12 @@ def sparse_mqa_attention(
         BN=block_n,
         DT=dot_dtype(q.dtype == torch.float32),
         num_warps=nw,
-        num_stages=num_stages,
+        num_stages=num_stages or (STAGES_FP32 if q.dtype == torch.float32 else STAGES),
     )
-    ub = split.extra_pool(ua, ub)
-    common.update(split.constexprs())
-    LAST_COMPILED["split"] = split.kernel[(n_hb, T, num_splits)](
+    # the kernel reads the extra pool through the main pool's views, at this byte distance
+    b_delta = ex.pool.data_ptr() - main.pool.data_ptr()
+    check(b_delta % 4 == 0, "pools: base addresses must be 4-byte aligned")
+    LAST_COMPILED["split"] = sparse_attn_split_kernel[(n_hb, T, num_splits)](
         q,
         q.stride(0),
         q.stride(1),
@@ -217,7 +218,7 @@ def sparse_mqa_attention(
         main.indices.stride(0),
         main.lengths if main.lengths is not None else dummy_len,
         KA,
-        *ua,
+        *pool_views(main.pool),
         a.page_size,
         a.page_bytes,
         a.data_stride,
@@ -227,7 +228,7 @@ def sparse_mqa_attention(
         ex.indices.stride(0),
         ex.lengths if ex.lengths is not None else dummy_len,
         KB,
-        *ub,
+        b_delta,
         gb.page_size,
         gb.page_bytes,
         gb.data_stride,
@@ -251,6 +252,7 @@ def sparse_mqa_attention(
         TAIL_P=a.tail_p,
         TAIL_OFF=a.tail_off,
         V_TAIL=v_tail,
+        DC=bd,
         **common,
     )
     if not single:

@@ -43,10 +43,11 @@ def _rows(pool: torch.Tensor, g: Geometry, slots: torch.Tensor, base: int, strid
 
 def encode_tokens(g: Geometry, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
     """x [N, width] (width = dim for HCA / indexer, dim + rope for MLA) -> (data bytes [N, data],
-    scale bytes [N, scale] or None) as the pool stores them."""
-    N = x.shape[0]
+    scale bytes [N, scale] or None) as the pool stores them. Widths are spelled out: N may be 0 (an extend
+    batch of no tokens stores nothing)."""
+    N, width = x.shape
     if g.layout in (KVLayout.HCA_BF16, KVLayout.MLA_BF16, KVLayout.IDX_BF16):
-        return x.to(torch.bfloat16).contiguous().view(torch.uint8).view(N, -1), None
+        return x.to(torch.bfloat16).contiguous().view(torch.uint8).view(N, 2 * width), None
     if g.layout is KVLayout.HCA_FP8:
         q, e = quant_pow2(x[:, : g.nope], g.tile)
         data = torch.cat(
@@ -57,8 +58,8 @@ def encode_tokens(g: Geometry, x: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
         return data, sc
     if g.layout is KVLayout.MLA_FP8:
         q, e = quant_pow2(x[:, : g.dim], g.tile)
-        s = torch.pow(2.0, e.double()).float().contiguous().view(torch.uint8).view(N, -1)
-        rope = x[:, g.dim :].to(torch.bfloat16).contiguous().view(torch.uint8).view(N, -1)
+        s = torch.pow(2.0, e.double()).float().contiguous().view(torch.uint8).view(N, 4 * (g.dim // g.tile))
+        rope = x[:, g.dim :].to(torch.bfloat16).contiguous().view(torch.uint8).view(N, 2 * (width - g.dim))
         return torch.cat([q.view(torch.uint8), s, rope], 1), None
     if g.layout is KVLayout.IDX_FP8:
         q, e = quant_pow2(x, g.dim)

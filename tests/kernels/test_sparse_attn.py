@@ -6,7 +6,6 @@ are not powers of two: held padded inside the kernel)."""
 import pytest
 import torch
 
-from benchmarks.sparse_attn_dchunk import DChunk
 from sglang_ernie55.configuration import HCA_COMPRESS_RATIO, HCA_WINDOW
 from sglang_ernie55.kernels import layout as L
 from sglang_ernie55.kernels import torch_twin
@@ -73,28 +72,27 @@ def _hca_case(
     return o, lse, (q, main, extra, sink)
 
 
-# split kernels: serving's and the head-dim-chunked candidate (benchmarks/sparse_attn_dchunk.py; chunks of 64 /
-# 128 / 256 dims: one scale tile per chunk, two tiles per chunk, a chunk that holds both fp8 and bf16 dims of the
-# HCA row)
+# head-dim chunks of the split kernel: serving's default (128 dims, the padded width where that is narrower; on the
+# HCA fp8 row (scale tile 64) two tiles per chunk, the last chunk fp8 and bf16 dims) and 64 / 256 dims (one scale
+# tile per chunk; two MLA fp8 tiles per chunk, a chunk of three HCA fp8 tiles and the bf16 dims)
 VAR = {
-    "base": {},
-    "dc64": dict(split=DChunk(64)),
-    "dc128": dict(split=DChunk(128)),
-    "dc256": dict(split=DChunk(256)),
+    "default": {},
+    "dc64": dict(block_d=64),
+    "dc256": dict(block_d=256),
 }
 
 
 @pytest.mark.parametrize("kv", ["fp8", "bf16"])
 @pytest.mark.parametrize("splits", [1, 3])
-@pytest.mark.parametrize("var", ["base", "dc64", "dc128"])
+@pytest.mark.parametrize("var", ["default", "dc64"])
 def test_hca_decode_tiny(kv, splits, var):
     # lengths around the window / block: 1, 127, 129, 257 (2 compressed entries); 4 heads (padded to 16)
     _hca_case(kv, [1, 127, 129, 257], 1, H=4, num_splits=splits, check_mask_ref=True, **VAR[var])
 
 
-@pytest.mark.parametrize("var", ["base", "dc64", "dc128"])
+@pytest.mark.parametrize("var", ["default", "dc64"])
 def test_hca_extend_tiny_dims(var):
-    # tiny head dims (128 = 64 fp8 + 64 bf16 rope), a chunk of 3 queries per request; dc128: one chunk that
+    # tiny head dims (128 = 64 fp8 + 64 bf16 rope), a chunk of 3 queries per request; default: one chunk that
     # holds the fp8 and the bf16 dims of the row
     _hca_case("fp8", [19, 130], 3, H=2, dim=128, rope=64, num_splits=2, **VAR[var])
 
@@ -106,7 +104,7 @@ def test_hca_decode_tiny_dchunk_mixed_chunk(var):
 
 
 @pytest.mark.parametrize("kv", ["fp8", "bf16"])
-@pytest.mark.parametrize("var", ["base", "dc64", "dc128", "dc256"])
+@pytest.mark.parametrize("var", ["default", "dc64", "dc256"])
 def test_mla_decode_tiny(kv, var):
     torch.manual_seed(1)
     g = L.mla_geometry(kv)
@@ -124,7 +122,7 @@ def test_mla_decode_tiny(kv, var):
 
 
 @pytest.mark.parametrize("kv", ["fp8", "bf16"])
-@pytest.mark.parametrize("var", ["base", "dc128"])
+@pytest.mark.parametrize("var", ["default"])
 def test_mla_tiny_value_with_rope_tail(kv, var):
     """d_v = 576: the value includes the bf16 rope tail (its own accumulator), one split and several."""
     torch.manual_seed(5)
@@ -142,10 +140,10 @@ def test_mla_tiny_value_with_rope_tail(kv, var):
 
 
 @pytest.mark.parametrize("kv", ["fp8", "bf16"])
-@pytest.mark.parametrize("var", ["base", "dc64", "dc128"])
+@pytest.mark.parametrize("var", ["default", "dc64"])
 def test_two_scopes_ragged_boundary(kv, var):
     """Main lengths that are not multiples of block_n, so a key block straddles the main / extra boundary (the
-    dchunk kernel reads both scopes in one loop), holes (-1) in both scopes, empty scopes, an empty query (out
+    split kernel reads both scopes in one loop), holes (-1) in both scopes, empty scopes, an empty query (out
     0), and splits that end inside either scope; HCA rows (dim 128) in two differently paged pools."""
     torch.manual_seed(6)
     g = L.hca_geometry(kv, dim=128, rope=64)
@@ -185,13 +183,12 @@ def test_two_scopes_ragged_boundary(kv, var):
         assert (o[4] == 0).all() and torch.isinf(lse[4]).all()
 
 
-def test_split_kernel_checks():
+def test_block_d_checks():
+    """block_d: a power of two >= 16 dividing the padded main width (512) into at most 8 chunks."""
     q, scopes, kw = _invariance_cases()["mla"]
-    with pytest.raises(ValueError, match="split"):
-        sparse_mqa_attention(q, *scopes, split="dchunk", **kw)
-    for bd in (32 + 16, 1024, 8):
+    for bd in (32 + 16, 1024, 8, 32):
         with pytest.raises(ValueError, match="block_d"):
-            sparse_mqa_attention(q, *scopes, split=DChunk(bd), **kw)
+            sparse_mqa_attention(q, *scopes, block_d=bd, **kw)
 
 
 def test_sparse_attn_rejects_bad_shapes():
@@ -227,7 +224,7 @@ def _odd(table):
 
 
 @pytest.mark.parametrize("name,kv", _odd(ODD_HCA))
-@pytest.mark.parametrize("var", ["base", "dc64"])
+@pytest.mark.parametrize("var", ["default", "dc64"])
 def test_hca_odd_geometry(name, kv, var):
     """Window / compressed rows of another window and ratio, head widths that are not powers of two, 3 heads;
     decode and a 2-query extend per request, lengths around the window and block boundaries; against the index
@@ -239,7 +236,7 @@ def test_hca_odd_geometry(name, kv, var):
 
 
 @pytest.mark.parametrize("name,kv", _odd(ODD_MLA))
-@pytest.mark.parametrize("var", ["base", "dc64"])
+@pytest.mark.parametrize("var", ["default", "dc64"])
 def test_mla_odd_geometry(name, kv, var):
     """Absorbed MLA over latent + rope rows that are not powers of two wide, 5 heads, a hole in an index row;
     d_v = the latent (o_latent) and latent + rope (the value's rope tail in its own accumulator); one split and
@@ -262,7 +259,7 @@ def test_mla_odd_geometry(name, kv, var):
             assert not torch.isnan(o).any() and rel(o.cpu(), ref) < TOL[kv], (d_v, splits, rel(o.cpu(), ref))
 
 
-@pytest.mark.parametrize("var", ["base", "dc64"])
+@pytest.mark.parametrize("var", ["default", "dc64"])
 def test_split_keys_batch_invariant_odd_geometry(var):
     """Fixed key splits stay batch invariant at a geometry whose rows are padded inside the kernel: HCA window 64
     / ratio 32 / head 96 (fp8) and MLA latent 96 + rope 32 (bf16), alone vs reordered in a batch with wider
@@ -307,12 +304,12 @@ RAGGED = [1, 19, 97, 127, 128, 129, 255, 256, 257, 511, 513, 3001]
     "cfg",
     [
         {},
+        {"num_stages": 1},
         {"block_n": 64, "num_warps": 16},
         {"block_h": 16, "num_warps": 4},
-        {"split": DChunk(64), "block_n": 64},
-        {"split": DChunk(128), "block_n": 32},
-        {"split": DChunk(128), "block_n": 16},
-        {"split": DChunk(64), "block_n": 32, "num_warps": 16},
+        {"block_n": 16},
+        {"block_d": 64, "block_n": 64},
+        {"block_d": 64, "block_n": 32, "num_warps": 16},
     ],
 )
 def test_hca_decode_full(kv, cfg):
@@ -321,7 +318,7 @@ def test_hca_decode_full(kv, cfg):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("kv", ["fp8", "bf16"])
-@pytest.mark.parametrize("var", ["base", "dc64", "dc128"])
+@pytest.mark.parametrize("var", ["default", "dc64"])
 def test_hca_extend_full(kv, var):
     _hca_case(kv, [129, 300, 1000], 40, H=64, check_mask_ref=True, **VAR[var])
 
@@ -347,10 +344,10 @@ def test_hca_flashmla_same_cache(H):
     "cfg",
     [
         {},
+        {"num_stages": 1},
         {"block_n": 64, "num_warps": 16},
-        {"split": DChunk(64), "block_n": 64},
-        {"split": DChunk(128), "block_n": 32},
-        {"split": DChunk(256), "block_n": 32, "num_stages": 2},
+        {"block_d": 64, "block_n": 64},
+        {"block_d": 256},
     ],
 )
 def test_mla_sparse_full(kv, cfg):
@@ -458,7 +455,7 @@ def _invariance_cases():
 
 
 @pytest.mark.parametrize("kind", ["hca", "mla"])
-@pytest.mark.parametrize("var", ["base", "dc64"])
+@pytest.mark.parametrize("var", ["default", "dc64"])
 def test_split_keys_batch_invariant(kind, var):
     """With fixed key splits (SGLang's --enable-deterministic-inference) a query's output is bit-identical
     whether it runs alone on its narrowest index row or inside a batch, reordered, with wider (-1 padded)
@@ -497,7 +494,7 @@ def test_split_keys_checks():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("kv", ["fp8", "bf16"])
-@pytest.mark.parametrize("var", ["base", "dc128"])
+@pytest.mark.parametrize("var", ["default", "dc64"])
 def test_split_keys_batch_invariant_full(kv, var):
     """Full width (64 heads, HCA 512 with sink, MLA 576 with top-k 2048 rows) on the GPU's bf16 MMAs: alone vs
     batched, bit-identical with split_keys=256 (what serving uses under --enable-deterministic-inference)."""

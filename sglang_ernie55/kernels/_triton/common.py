@@ -159,19 +159,83 @@ def load_main(
 
 
 @triton.jit
-def load_tail(
-    bf_ptr,
-    row,
+def row_ptrs(row, srow, u8_ptr, f8_ptr, bf_ptr, f32_ptr, KIND: tl.constexpr):
+    """Typed pointers to data rows (e4m3 view, bf16 view) and scale rows (ue8m0 bytes for KIND 1, fp32 for
+    KIND 2; the uint8 view otherwise) at byte offsets ``row`` / ``srow`` (``token_rows``). Data rows start at
+    even bytes, fp32 scale rows at multiples of 4 (every layout keeps its fields aligned), so the typed views
+    index them exactly."""
+    if KIND == 2:
+        sc = f32_ptr + srow // 4
+    else:
+        sc = u8_ptr + srow
+    return f8_ptr + row, bf_ptr + row // 2, sc
+
+
+@triton.jit
+def _tile_scale(sc_row, valid, T0: tl.constexpr, KIND: tl.constexpr):
+    """[BN] fp32 scale of fp8 tile T0 of each row (1 where not valid)."""
+    if KIND == 1:
+        sb = tl.load(sc_row + T0, mask=valid, other=127).to(tl.int32)
+        return (sb << 23).to(tl.float32, bitcast=True)
+    else:
+        return tl.load(sc_row + T0, mask=valid, other=1.0)
+
+
+@triton.jit
+def load_chunk(
+    f8_row,
+    bf_row,
+    sc_row,
     valid,
-    TAIL_OFF: tl.constexpr,
-    TAIL: tl.constexpr,
-    TAIL_P: tl.constexpr,
+    D0: tl.constexpr,
+    W: tl.constexpr,
+    KIND: tl.constexpr,
+    MAIN: tl.constexpr,
+    NOPE: tl.constexpr,
+    TILE: tl.constexpr,
+    BN: tl.constexpr,
     DT: tl.constexpr = tl.float32,
 ):
-    """[BN, TAIL_P] (dtype DT): TAIL bf16 values at ``row + TAIL_OFF``, columns >= TAIL 0."""
-    d = tl.arange(0, TAIL_P)
-    ptr = bf_ptr + (row[:, None] + TAIL_OFF + 2 * d[None, :]) // 2
-    return tl.load(ptr, mask=cols(valid[:, None], d, TAIL, TAIL_P), other=0.0).to(DT)
+    """[BN, W] values (dtype DT) of main-segment dims D0 .. D0 + W - 1 of BN tokens given their row pointers
+    (``row_ptrs``): the same values as those columns of ``load_main`` (same loads, same dequantisation), read
+    chunk by chunk so that only W columns are live in registers. Requires D0 % W == 0 and, for fp8 kinds,
+    TILE % W == 0 or W % TILE == 0. A chunk that lies wholly in the fp8 (d < NOPE) or in the bf16 part reads
+    only that part (no select between two full-width loads). Columns >= MAIN (the padding of a row that is
+    not a power of two wide) are 0; a chunk of padding only reads nothing."""
+    d = D0 + tl.arange(0, W)
+    vmask = valid[:, None]
+    if D0 >= MAIN:
+        v = tl.zeros([BN, W], DT)
+    elif KIND == 0:
+        v = tl.load(bf_row[:, None] + d[None, :], mask=cols(vmask, d, MAIN, D0 + W), other=0.0).to(DT)
+    elif D0 >= NOPE:  # bf16 dims only (at byte NOPE + 2 * (d - NOPE) of the row)
+        v = tl.load(
+            bf_row[:, None] + (d[None, :] - NOPE // 2), mask=cols(vmask, d, MAIN, D0 + W), other=0.0
+        ).to(DT)
+    else:
+        if D0 + W > NOPE:
+            q = tl.load(f8_row[:, None] + d[None, :], mask=vmask & (d < NOPE)[None, :], other=0.0).to(DT)
+        else:
+            q = tl.load(f8_row[:, None] + d[None, :], mask=vmask, other=0.0).to(DT)
+        if W <= TILE:  # one scale per token
+            q = q * _tile_scale(sc_row, valid, D0 // TILE, KIND).to(DT)[:, None]
+        else:  # W // TILE tiles: each column takes its tile's scale (a select per column, no 3-D reshape)
+            sc = _tile_scale(sc_row, valid, D0 // TILE, KIND).to(DT)[:, None] + tl.zeros([BN, W], DT)
+            for j in tl.static_range(1, W // TILE):
+                if D0 + j * TILE < NOPE:
+                    sj = _tile_scale(sc_row, valid, D0 // TILE + j, KIND).to(DT)
+                    sc = tl.where((d >= D0 + j * TILE)[None, :], sj[:, None], sc)
+            q = q * sc
+        if D0 + W > NOPE:
+            b = tl.load(
+                bf_row[:, None] + (d[None, :] - NOPE // 2),
+                mask=cols(vmask & (d >= NOPE)[None, :], d, MAIN, D0 + W),
+                other=0.0,
+            ).to(DT)
+            v = tl.where((d < NOPE)[None, :], q, b)
+        else:
+            v = q
+    return v
 
 
 @triton.jit
