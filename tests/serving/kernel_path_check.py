@@ -21,6 +21,7 @@ twin (bf16 KV pool), logits of a chunked prefill crossing the block boundary and
 from __future__ import annotations
 
 import json
+import os
 import sys
 from types import SimpleNamespace
 
@@ -28,6 +29,7 @@ import torch
 
 from sglang_ernie55.configuration import SERVING_PAGE_SIZE
 from tests.serving import twin_harness as th
+from tests.shim_lib.triton_interpreter import install as _fast_interpreter
 
 PAGE = SERVING_PAGE_SIZE
 
@@ -476,6 +478,68 @@ def run_backend_swa(kv: str, device: str = "cpu", geometry: str = "tiny", impls=
     return r.report
 
 
+def run_backend_zero_extend(kv: str, device: str = "cpu", geometry: str = "tiny", impls=("triton",)) -> dict:
+    """EXTEND batches where a request brings no new token (SGLang 0.5.23 never sends one, docs/serving-design.md
+    6.3; the backend must still be exact if one comes): a zero-token request between, before and after live
+    ones (its prefix mid-block, at a block boundary, past index_topk) gives, on the twin and every
+    implementation, the outputs and the pool of the same batch without it; a batch whose every request
+    brings none returns zero rows and leaves the pool byte for byte as it was."""
+    from sglang_ernie55.mem_cache.pool import Ernie55TokenToKVPool
+
+    th.init_dist()
+    cfg = geometry_config(geometry)
+    dtype = torch.float8_e4m3fn if kv == "fp8_e4m3" else torch.bfloat16
+    pool = Ernie55TokenToKVPool(24 * PAGE, PAGE, dtype, cfg, num_req_slots=6, device=device)
+    slots = Slots(24, 2048, 6, device)
+    r = BackendRun(kv, device, geometry, impls, pool, slots, cfg)
+    ratio = cfg.compress_ratio
+    # request 0 mid-block (120), request 1 past index_topk (300), request 3 at a block boundary (2 blocks)
+    r.twin_only(*r.extend([0, 1, 3], [120, 300, 2 * ratio]), False)
+    backends = {"twin": r.twin, **r.backs}
+    for tag, reqs, ns in (
+        ("zero_between", [0, 1, 2], [20, 0, 30]),
+        ("zero_first_and_last", [3, 0, 1], [0, 9, 0]),
+    ):
+        fb, T = r.extend(reqs, ns)
+        r.compared(tag, fb, T, False)  # every implementation against the twin, as in `run_backend`
+        live = [i for i, n in enumerate(ns) if n]
+        without = _fb(
+            "extend",
+            fb.out_cache_loc,
+            [reqs[i] for i in live],
+            [int(fb.seq_lens_cpu[i]) for i in live],
+            [fb.extend_prefix_lens_cpu[i] for i in live],
+            [ns[i] for i in live],
+        )
+        x = make_inputs(cfg, T, r.g, device)
+        before = snapshot(pool)
+        for name, be in backends.items():
+            restore(pool, before)
+            want = run_batch(be, r.layers, without, x, False)
+            snap_w = snapshot(pool)
+            restore(pool, before)
+            got = run_batch(be, r.layers, fb, x, False)
+            snap_g = snapshot(pool)
+            r.report["steps"][tag][f"{name}_vs_without"] = compare(
+                cfg, pool, got, want, snap_g, snap_w, kv, device, f"{tag}/{name} vs without", slots.lens
+            )
+        restore(pool, snap_w)
+    fb, T = r.extend([0, 1, 3], [0, 0, 0])
+    x = make_inputs(cfg, T, r.g, device)
+    before = snapshot(pool)
+    rep = {}
+    for name, be in backends.items():
+        restore(pool, before)
+        out = run_batch(be, r.layers, fb, x, False)
+        rows = {k: list(v.shape) for k, v in out.items()}
+        assert all(shape[0] == 0 for shape in rows.values()), (name, rows)
+        changed = [k for k, v in pool_buffers(pool).items() if not torch.equal(v, before[k])]
+        assert not changed, f"all_zero/{name}: a batch of no tokens wrote {changed}"
+        rep[name] = rows
+    r.report["steps"]["all_zero"] = rep
+    return r.report
+
+
 def rounded_twin_cls():
     """The twin fed exactly the bf16-rounded query tensors the kernel path hands its kernels (the HCA q,
     the MLA q = [q_nope W_uk | q_pe] and the indexer query): the kernel path's like-for-like oracle."""
@@ -667,6 +731,8 @@ def run_graph(
 
 
 if __name__ == "__main__":
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        _fast_interpreter()  # test-only: Triton's interpreter without nested re-patching
     mode, kv = sys.argv[1], sys.argv[2]
     dev = sys.argv[3] if len(sys.argv) > 3 else "cpu"
     geom = sys.argv[4] if len(sys.argv) > 4 else "tiny"
@@ -675,6 +741,8 @@ if __name__ == "__main__":
         print(json.dumps(run_backend(kv, dev, geom, impls)))
     elif mode == "backend_verify":
         print(json.dumps(run_backend_verify(kv, dev, geom, impls)))
+    elif mode == "backend_zero_extend":
+        print(json.dumps(run_backend_zero_extend(kv, dev, geom, impls)))
     elif mode == "backend_swa":
         print(json.dumps(run_backend_swa(kv, dev, geom, impls)))
     elif mode == "graph":

@@ -43,6 +43,7 @@ import torch
 from torch import nn
 
 from tests.serving import twin_harness as th
+from tests.shim_lib.triton_interpreter import install as _fast_interpreter
 
 VAR = "SGLANG_ERNIE55_LAYER_IMPL"
 TS = (0, 1, 3, 19, 130)
@@ -385,6 +386,8 @@ def run_graph(geometry: str = "full", batches=(1, 8), replays: int = 3) -> dict:
 
 
 if __name__ == "__main__":
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        _fast_interpreter()  # test-only: Triton's interpreter without nested re-patching
     mode = sys.argv[1]
     dev = sys.argv[2] if len(sys.argv) > 2 else "cpu"
     geom = sys.argv[3] if len(sys.argv) > 3 else "tiny"
