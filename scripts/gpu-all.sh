@@ -10,6 +10,8 @@
 #                            graphs / prefix hits / ECHO steps 1-3 bit-identical); det_plain / det_echo: its
 #                            no-ECHO and ECHO halves as two processes (det_echo starts its own baseline server)
 #   draft_graph              tests/echo/test_draft_graph_gpu.py (the ECHO draft extend as a real CUDA graph)
+#   hicache                  tests/serving/test_hicache_gpu.py (a prefix loaded back from HiCache's host pools =
+#                            the device hit, SGLang's kernel / direct transfers, bf16 / fp8 KV, ECHO)
 # Narrower selections: GROUP_BF16_K / GROUP_FP8_K (pytest -k of the two serving groups), ECHO_GPU_CASES (echo).
 #   layer_impl               tests/serving/test_layer_impl_gpu.py (the layers' mHC / routing / norm / RoPE
 #                            kernels vs torch, tiny + real widths, a captured decode graph with its timings)
@@ -33,7 +35,7 @@ export SERVING_LOG_DIR="$out/serving"
 # run of all five at once timed out in the reference scoring)
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-3}"
 export PYTEST_INSTAFAIL=1  # tracebacks as they happen (tests/conftest.py): a timed-out suite still shows them
-names=(group_bf16 group_fp8 kernel_path echo kernels layer_impl)
+names=(group_bf16 group_fp8 kernel_path echo kernels layer_impl hicache)
 if [ "${1:-}" = "--full-width" ]; then names+=(full_width); shift; fi
 [ $# -gt 0 ] && names=("$@")
 run() {  # name, mem fraction, pytest args...
@@ -56,6 +58,7 @@ for n in "${names[@]}"; do
     det_echo) run det_echo 0.1 tests/serving/test_deterministic_gpu.py -k echo & ;;
     draft_graph) run draft_graph 0.1 tests/echo/test_draft_graph_gpu.py & ;;
     layer_impl) run layer_impl 0.1 tests/serving/test_layer_impl_gpu.py & ;;
+    hicache) run hicache 0.1 tests/serving/test_hicache_gpu.py & ;;
     *) echo "unknown suite $n"; exit 2 ;;
   esac
   pids+=($!); sleep 3

@@ -16,6 +16,11 @@ def skip_version_check() -> bool:
     return _flag("SGLANG_ERNIE55_SKIP_VERSION_CHECK")
 
 
+def profile_ranges() -> bool:
+    """`SGLANG_ERNIE55_PROFILE_RANGES=1`: the forward opens named profiler ranges (sglang_ernie55.profiling)."""
+    return _flag("SGLANG_ERNIE55_PROFILE_RANGES")
+
+
 def allow_parsers() -> bool:
     """`SGLANG_ERNIE55_ALLOW_PARSERS=1`: let `--reasoning-parser` / `--tool-call-parser` through on the Base model."""
     return _flag("SGLANG_ERNIE55_ALLOW_PARSERS")

@@ -26,6 +26,7 @@ class Kind(Enum):
     AROUND = "HookRegistry AROUND"
     AFTER = "HookRegistry AFTER"
     ATTENTION_BACKEND = "attention-backend registration"
+    HICACHE_STRATEGY = "HiCache stack-strategy registration"
     MODELS = "model registration"
     READS = "read, not patched"
 
@@ -70,7 +71,7 @@ _VALIDATE = "sglang_ernie55.args.requests:validate_request_hook"
 _VALIDATE_WHY = (
     "SGLang serves a request whatever its `model` names, and under PD disaggregation `n > 1` hangs "
     "(its samples share one bootstrap room); the content rules of the tokenizer manager's row are checked "
-    "here too, so that a streaming request gets its 400 before the stream starts"
+    "here too, so that the message names the field the client sent (`prompt`, `logprobs`, `top_logprobs`)"
 )
 _VALIDATE_UNTIL = (
     "when SGLang checks the served name itself, supports `n > 1` under PD and bounds token ids and "
@@ -84,6 +85,10 @@ _DRAFT_FACTORY_UNTIL = (
 )
 _BASE_BACKEND = "sglang.srt.layers.attention.base_attn_backend:AttentionBackend"
 _POOL_CONF = "sglang.srt.model_executor.pool_configurator"
+_ASSEMBLER = "sglang.srt.mem_cache.hybrid_cache.hybrid_pool_assembler"
+_MOE_CONFIG = "sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe_triton_config"
+_DISAGG_UTILS = "sglang.srt.disaggregation.utils"
+_PD_UNTIL = "when PD asks the pool for its transfer layout instead of testing its class"
 
 
 def _reads(by: str, why: str, *symbols: tuple[str, tuple[str, ...] | None]) -> list[Patch]:
@@ -166,7 +171,9 @@ LEDGER: tuple[Patch, ...] = (
         Kind.RESOLUTION,
         f"{_RESOLUTION}:context_parallelism",
         ("server_args",),
-        "the attention-TP check on the final layout (prefill context parallelism rewrites `attn_cp_size`)",
+        "`--attn-cp-size` > 1 needs `--enable-prefill-cp --cp-strategy interleave` (checked before the step, which "
+        "raises a bare error for a missing strategy); the attention-TP check on the final layout (prefill context "
+        "parallelism rewrites `attn_cp_size`)",
         _RESOLUTION_UNTIL,
     ),
     Patch(
@@ -210,9 +217,20 @@ LEDGER: tuple[Patch, ...] = (
         ("obj", "input_ids"),
         "SGLang passes prompt token ids outside the vocabulary, a top-logprobs count above it and an empty "
         "prompt of a batch to the scheduler, where the embedding, `topk` or the KV write raises and the "
-        "server exits; an empty stop string ends every answer before its first token",
-        "when SGLang bounds token ids and logprob counts by the vocabulary and refuses empty prompts and stop "
-        "strings itself",
+        "server exits; an empty stop string ends every answer before its first token; the scheduler refuses a "
+        "`logprob_start_len` past the prompt only after running the prompt's prefill",
+        "when SGLang bounds token ids and logprob counts by the vocabulary and refuses empty prompts, empty stop "
+        "strings and logprob starts past the prompt itself, before the scheduler",
+    ),
+    Patch(
+        "sglang.srt.entrypoints.http_server:serve_generate_request",
+        Kind.AROUND,
+        "sglang_ernie55.args.requests:serve_generate_request_hook",
+        ("obj", "request"),
+        "a streaming `/generate` request starts its 200 stream before the tokenizer manager validates it, so "
+        "a refused request (a token id outside the vocabulary, a prompt over the context length, ...) gets a "
+        "200 and an error event; SGLang's OpenAI handlers await the first event before answering",
+        "when `/generate` awaits its stream's first event before answering, as the OpenAI handlers do",
     ),
     # ------------------------------------------------------------------ model, backend, pool
     Patch(
@@ -233,6 +251,16 @@ LEDGER: tuple[Patch, ...] = (
         "when the check consults the layer's quant method instead of the config",
     ),
     Patch(
+        f"{_MOE_CONFIG}:get_moe_configs",
+        Kind.AROUND,
+        "sglang_ernie55.kernels.moe_configs:around_get_moe_configs",
+        ("E", "N", "dtype", "block_n", "block_k", "per_channel_quant", "down_moe"),
+        "SGLang reads fused-MoE Triton kernel configs only from its own folder (or one `SGLANG_MOE_CONFIG_DIR` "
+        "that replaces it), where ERNIE-5.5's expert shapes have none; its file names omit the hidden size and "
+        "top-k, so a same-named file there may be tuned for another model's geometry",
+        "when SGLang searches a list of config folders that a plugin can add to",
+    ),
+    Patch(
         f"{_POOL_CONF}:create_memory_pool_configurator",
         Kind.AROUND,
         "sglang_ernie55.mem_cache:around_create_memory_pool_configurator",
@@ -250,6 +278,44 @@ LEDGER: tuple[Patch, ...] = (
         "`Ernie55TokenToKVPool`, the ECHO draft worker `EchoDraftKVPool` (one layer of window rows)",
         "when SGLang has a pool-class registry for out-of-tree model families (the platform `get_kv_pool_cls` "
         "covers only the mha / mla / dsa kinds)",
+    ),
+    Patch(
+        f"{_ASSEMBLER}:register_stack_strategy",
+        Kind.HICACHE_STRATEGY,
+        "sglang_ernie55.mem_cache.host_pool:Ernie55HiCacheStrategy",
+        ("strategy",),
+        "`--enable-hierarchical-cache` builds its host pools from a list of stack strategies, each for SGLang's "
+        "own pool classes; none mirrors our window, compressed, latent and indexer pages",
+        PUBLIC_API,
+    ),
+    Patch(
+        f"{_DISAGG_UTILS}:is_mla_backend",
+        Kind.AROUND,
+        "sglang_ernie55.mem_cache.pd:around_is_mla_backend",
+        ("target_kv_pool",),
+        "PD disaggregation splits a pool's transfer buffers into K and V halves with per-head slicing unless the "
+        "pool is one of SGLang's MLA / DeepSeek-V4 pool classes (an isinstance test); every ERNIE-5.5 buffer is one "
+        "region of per-token rows, replicated over attention-TP ranks",
+        _PD_UNTIL,
+    ),
+    Patch(
+        f"{_DISAGG_UTILS}:setup_state_kv_args",
+        Kind.AROUND,
+        "sglang_ernie55.mem_cache.pd:around_setup_state_kv_args",
+        ("kv_args", "token_to_kv_pool", "draft_token_to_kv_pool", "total_kv_layers", "req_to_token_pool"),
+        "PD disaggregation transfers a draft pool's SWA rows beside the target's only for DeepSeek-V4 pool classes "
+        "(an isinstance test), and gives every `BaseSWAKVPool` an SWA component even without an SWA pool",
+        _PD_UNTIL,
+    ),
+    Patch(
+        "sglang.srt.disaggregation.decode:DecodePreallocQueue._uses_swa_tail_prealloc",
+        Kind.AROUND,
+        "sglang_ernie55.mem_cache.pd:around_uses_swa_tail_prealloc",
+        (),
+        "a PD decode server allocates SWA slots for the window tail of a prompt only for SGLang's own SWA pool "
+        "classes (an isinstance test); for any other hybrid pool it charges the whole prompt plus the decode reserve "
+        "to the SWA pool, and a prompt longer than the SWA pool less that reserve waits for ever",
+        _PD_UNTIL,
     ),
     # ------------------------------------------------------------------ ECHO speculative decoding
     Patch(
@@ -332,6 +398,7 @@ LEDGER: tuple[Patch, ...] = (
         ("sglang.srt.arg_groups.resolution_hooks:register_resolution_hook", ("name",)),
         ("sglang.srt.arg_groups.resolution_hooks:_OVERRIDABLE_HOOKS", None),
         ("sglang.srt.arg_groups.model_override_base:_MODEL_OVERRIDE_FNS", None),
+        (f"{_ASSEMBLER}:_STRATEGIES", None),
     ),
     *_reads(
         "sglang_ernie55.args.api",
@@ -351,8 +418,10 @@ LEDGER: tuple[Patch, ...] = (
     ),
     *_reads(
         "sglang_ernie55.args.requests",
-        "splits `<served name>:<adapter>` as SGLang does",
+        "splits `<served name>:<adapter>` as SGLang does; the `/generate` hook asks the HTTP server's tokenizer "
+        "manager which model it serves",
         ("sglang.srt.entrypoints.openai.serving_base:OpenAIServingBase._parse_model_parameter", ("model",)),
+        ("sglang.srt.entrypoints.http_server:get_global_state", ()),
     ),
     *_reads(
         "sglang_ernie55.mem_cache",
@@ -427,6 +496,66 @@ LEDGER: tuple[Patch, ...] = (
         ("sglang.srt.mem_cache.allocator.swa:SWATokenToKVPoolAllocator.free_swa_segment", ("free_index",)),
     ),
     *_reads(
+        "sglang_ernie55.mem_cache.host_pool",
+        "the HiCache stack our strategy assembles: SGLang's controller, pool entries, host pools and names",
+        (
+            f"{_ASSEMBLER}:StackStrategy.build",
+            ("cache", "kvcache", "params", "server_args", "load_cache_event", "storage_backend"),
+        ),
+        (
+            f"{_ASSEMBLER}:StackBuildResult",
+            ("host_pool_group", "cache_controller", "component_host_pools", "sidecars"),
+        ),
+        (f"{_ASSEMBLER}:build_pool_entry", ("name", "host_pool", "device_pool", "layer_mapping")),
+        (
+            "sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller:HybridCacheController.__init__",
+            ("token_to_kv_pool_allocator", "mem_pool_host", "page_size", "tp_group", "load_cache_event"),
+        ),
+        (
+            "sglang.srt.mem_cache.memory_pool_host:DeepSeekV4PagedHostPool.__init__",
+            ("pool_name", "device_buffers", "item_bytes", "num_host_pages", "slot_page_size", "layout"),
+        ),
+        (
+            "sglang.srt.mem_cache.memory_pool_host:DeepSeekV4PagedHostPool.load_to_device_per_layer",
+            ("device_pool", "host_indices", "device_indices", "layer_id", "io_backend"),
+        ),
+        (
+            "sglang.srt.mem_cache.memory_pool_host:DeepSeekV4PagedHostPool.backup_from_device_all_layer",
+            ("device_pool", "host_indices", "device_indices", "io_backend"),
+        ),
+        ("sglang.srt.mem_cache.memory_pool_host:LogicalHostPool.__init__", ("size", "page_size", "layout")),
+        ("sglang.srt.mem_cache.pool_host.group:HostPoolGroup.__init__", ("entries",)),
+        (
+            "sglang.srt.mem_cache.hicache_storage:SidecarPoolSpec",
+            ("pool_name", "indices_from_pool", "hit_policy"),
+        ),
+        ("sglang.srt.mem_cache.hicache_storage:PoolName", None),
+        ("sglang.srt.mem_cache.unified_cache.component_type:ComponentType", None),
+        ("sglang.srt.mem_cache.pool_host.common:get_allocator_type", ()),
+        ("sglang.srt.mem_cache.base_prefix_cache:EvictParams", ("num_tokens", "swa_num_tokens")),
+        (
+            "sglang.srt.mem_cache.memory_pool:KVCache.register_layer_transfer_counter",
+            ("layer_transfer_counter",),
+        ),
+    ),
+    *_reads(
+        "sglang_ernie55.mem_cache.pd",
+        "the PD state components our pools describe and the interface SGLang's prefill and decode queues ask them "
+        "for (`get_contiguous_buf_infos`, `get_state_buf_infos`, `get_request_state_buf_infos`, "
+        "`request_state_transfer_indices`)",
+        (
+            f"{_DISAGG_UTILS}:append_state_component",
+            ("kv_args", "state_type", "data_ptrs", "data_lens", "item_lens"),
+        ),
+        ("sglang.srt.disaggregation.base.conn:StateType.SWA", None),
+        ("sglang.srt.disaggregation.base.conn:StateType.DSV4_REQUEST_STATE", None),
+        (
+            "sglang.srt.mem_cache.deepseek_v4_memory_pool:DeepSeekV4TokenToKVPool.request_state_transfer_indices",
+            ("req_pool_idx", "seq_len"),
+        ),
+        (f"{_DISAGG_UTILS}:get_kv_transfer_buf_infos", ("pool",)),
+    ),
+    *_reads(
         "sglang_ernie55.attention.backend",
         "the backend interface: CUDA-graph metadata split, forward context",
         (f"{_BASE_BACKEND}.init_forward_metadata_out_graph", ("forward_batch", "in_capture")),
@@ -452,6 +581,18 @@ LEDGER: tuple[Patch, ...] = (
         ("sglang.srt.distributed.communication_op:tensor_model_parallel_all_reduce", ("input_",)),
         ("sglang.srt.layers.linear:ColumnParallelLinear.__init__", ("input_size", "output_size")),
         ("sglang.srt.layers.linear:RowParallelLinear.__init__", ("input_size", "output_size")),
+    ),
+    *_reads(
+        "sglang_ernie55.kernels.moe_configs",
+        "SGLang's own file name for a config, the served model, and the deterministic-inference flag its lookup "
+        "obeys",
+        (
+            f"{_MOE_CONFIG}:get_config_file_name",
+            ("E", "N", "dtype", "block_shape", "per_channel_quant", "down_moe"),
+        ),
+        (f"{_MOE_CONFIG}:get_exec", ()),
+        ("sglang.srt.runtime_context:process_model_config", ()),
+        ("sglang.kernels.ops.moe.fused_moe_triton_kernels:fused_moe_kernel", None),
     ),
     *_reads(
         "sglang_ernie55.models",
@@ -545,6 +686,14 @@ def _attention_backend(row: Patch) -> None:
     pkgutil.resolve_name(row.target)(BACKEND_NAME)(row.function())
 
 
+def _hicache_strategy(row: Patch) -> None:
+    from sglang.srt.mem_cache.hybrid_cache.hybrid_pool_assembler import _STRATEGIES
+
+    cls = row.function()
+    if not any(isinstance(s, cls) for s in _STRATEGIES):
+        pkgutil.resolve_name(row.target)(cls())
+
+
 def _models(row: Patch) -> None:
     from sglang.srt.models.registry import ModelRegistry
 
@@ -564,6 +713,7 @@ _APPLY = {
     Kind.AROUND: _hook,
     Kind.AFTER: _hook,
     Kind.ATTENTION_BACKEND: _attention_backend,
+    Kind.HICACHE_STRATEGY: _hicache_strategy,
     Kind.MODELS: _models,
     Kind.READS: lambda row: None,
 }

@@ -201,8 +201,21 @@ def _tokenizer_check(obj, arch=ARCH_MAIN, input_ids=None):
         ({"input_ids": [1]}, ("`input_ids` is empty",)),
         ({"return_logprob": True, "top_logprobs_num": 10**6}, ("`top_logprobs_num`=1000000", f"0..{VOCAB}")),
         ({"sampling_params": {"stop": [""]}}, ("`stop`", "empty string")),
+        (
+            {"return_logprob": True, "logprob_start_len": 4},
+            ("`logprob_start_len`=4", "-1 (output tokens only)", "0..3"),
+        ),
+        ({"return_logprob": True, "logprob_start_len": -2}, ("`logprob_start_len`=-2", "0..3")),
     ],
-    ids=["id=vocab", "negative-id", "empty", "top-logprobs", "stop-empty"],
+    ids=[
+        "id=vocab",
+        "negative-id",
+        "empty",
+        "top-logprobs",
+        "stop-empty",
+        "logprob-start",
+        "logprob-start-neg",
+    ],
 )
 def test_tokenizer_manager_refuses_out_of_range_generate(fields, words):
     # one prompt of a batch reaches the check with no ids (SGLang refuses only a lone empty one)
@@ -216,6 +229,11 @@ def test_tokenizer_manager_passes_legal_and_foreign_requests():
     assert _tokenizer_check(_generate(input_ids=[0, VOCAB - 1])) == (None, True)
     assert _tokenizer_check(_generate(return_logprob=True, top_logprobs_num=VOCAB)) == (None, True)
     assert _tokenizer_check(_generate(top_logprobs_num=10**6)) == (None, True)  # no logprobs asked for
+    # logprobs from position 3 of a 3-token prompt: none of the prompt's, the output's
+    assert _tokenizer_check(_generate(return_logprob=True, logprob_start_len=3)) == (None, True)
+    assert _tokenizer_check(_generate(logprob_start_len=99)) == (None, True)  # ignored without logprobs
+    assert _tokenizer_check(_generate(return_logprob=True, logprob_start_len=-1)) == (None, True)
+    assert _tokenizer_check(_generate(return_logprob=True, logprob_start_len=0)) == (None, True)
     assert _tokenizer_check(_generate(input_ids=[1, 10**6]), arch="Qwen3MoeForCausalLM") == (None, True)
 
 
@@ -228,3 +246,77 @@ def test_tokenizer_manager_hook_is_applied(handlers):
     method = TokenizerManager._validate_one_request
     closure = [c.cell_contents for c in (method.__closure__ or ())]
     assert validate_one_request_hook in closure, "HookRegistry's wrapper calls our hook"
+
+
+# ============================================================================ /generate streams
+def _stream_hook(monkeypatch, events, arch=ARCH_MAIN, stream=True):
+    """Our hook around a stand-in for SGLang's `serve_generate_request`, whose stream yields `events`;
+    returns (response, the events the stand-in's stream yielded before it was closed)."""
+    from fastapi.responses import StreamingResponse
+    from sglang.srt.entrypoints import http_server
+
+    from sglang_ernie55.args.requests import serve_generate_request_hook
+
+    state = SimpleNamespace(tokenizer_manager=_tokenizer_manager(arch, "null"))
+    monkeypatch.setattr(http_server, "get_global_state", lambda: state)
+    sent = []
+
+    async def body():
+        for e in events:
+            sent.append(e)
+            yield e
+
+    async def original(obj, request):
+        return StreamingResponse(body(), media_type="text/event-stream") if obj.stream else "answer"
+
+    async def drain(response):
+        return [e async for e in response.body_iterator] if hasattr(response, "body_iterator") else None
+
+    obj = SimpleNamespace(stream=stream)
+
+    async def run():
+        response = await serve_generate_request_hook(original, obj, None)
+        return response, await drain(response)
+
+    response, body_events = asyncio.run(run())
+    return response, body_events, sent
+
+
+ERROR_EVENT = (
+    b'data: {"error":{"message":"`input_ids` holds token id 512",'
+    b'"type":"invalid_request_error","code":400}}\n\n'
+)
+OUTPUT_EVENTS = [b'data: {"text":"a","output_ids":[7]}\n\n', b'data: {"text":"ab","output_ids":[7,9]}\n\n']
+
+
+def test_generate_stream_refused_before_it_starts(monkeypatch):
+    """SGLang's stream answers a refusal with an error event after a 200; the hook turns it into the 400."""
+    response, _, sent = _stream_hook(monkeypatch, [ERROR_EVENT, b"data: [DONE]\n\n"])
+    assert response.status_code == 400 and response.media_type == "application/json"
+    assert json.loads(response.body) == {"error": {"message": "`input_ids` holds token id 512"}}
+    assert sent == [ERROR_EVENT], "the stream is closed after its error event"
+
+
+def test_generate_stream_with_output_is_unchanged(monkeypatch):
+    """The first event, held back to look at it, is sent first; the rest follow."""
+    events = [*OUTPUT_EVENTS, b"data: [DONE]\n\n"]
+    response, body, _ = _stream_hook(monkeypatch, events)
+    assert response.status_code == 200 and response.media_type == "text/event-stream"
+    assert body == events
+
+
+def test_generate_stream_hook_leaves_others_alone(monkeypatch):
+    events = [ERROR_EVENT, b"data: [DONE]\n\n"]
+    response, body, _ = _stream_hook(monkeypatch, events, arch="Qwen3MoeForCausalLM")
+    assert response.status_code == 200 and body == events  # SGLang's own answer for other models
+    response, body, _ = _stream_hook(monkeypatch, events, stream=False)
+    assert response == "answer" and body is None
+
+
+def test_generate_stream_hook_is_applied(handlers):
+    from sglang.srt.entrypoints import http_server
+
+    from sglang_ernie55.args.requests import serve_generate_request_hook
+
+    closure = [c.cell_contents for c in (http_server.serve_generate_request.__closure__ or ())]
+    assert serve_generate_request_hook in closure, "HookRegistry's wrapper calls our hook"

@@ -197,7 +197,7 @@ def test_draft_kv_cache_dtype_follows_the_same_rule(ernie):
         (["--tp", "4", "--attn-dp-size", "4"], 1),
         (["--tp", "8", "--attn-dp-size", "2"], 4),
         (["--tp", "16", "--attn-dp-size", "2"], 8),  # BF16 on 2x8 H100
-        (["--tp", "16", "--attn-cp-size", "2"], 8),
+        (["--tp", "16", "--attn-cp-size", "2", "--enable-prefill-cp", "--cp-strategy", "interleave"], 8),
     ],
 )
 def test_legal_attention_tp(ernie, flags, attn_tp):
@@ -218,6 +218,33 @@ def test_legal_attention_tp(ernie, flags, attn_tp):
 def test_attention_tp_must_divide_8(ernie, flags, computed, suggestion):
     msg = str(rejects(ernie, *flags))
     assert "attention TP" in msg and computed in msg and suggestion in msg and "8 groups" in msg
+
+
+# ============================================================================================ attention CP
+@pytest.mark.parametrize(
+    "flags,flag,fix",
+    [
+        (
+            ["--tp", "2", "--attn-cp-size", "2"],
+            "--attn-cp-size",
+            "Add --enable-prefill-cp --cp-strategy interleave",
+        ),
+        (
+            ["--tp", "2", "--attn-cp-size", "2", "--enable-prefill-cp", "--cp-strategy", "zigzag"],
+            "--cp-strategy",
+            "Pass --cp-strategy interleave",
+        ),
+    ],
+)
+def test_attention_cp_needs_the_interleave_prefill_split(ernie, flags, flag, fix):
+    """Without --enable-prefill-cp SGLang would run every CP rank's attention over every token (no split);
+    with zigzag, a split this project has not run. The interleave split resolves."""
+    e = rejects(ernie, *flags)
+    assert e.flag == flag and fix in str(e)
+    d = resolved(
+        ernie, "--tp", "2", "--attn-cp-size", "2", "--enable-prefill-cp", "--cp-strategy", "interleave"
+    )
+    assert (d["attn_cp_size"], d["enable_prefill_cp"], d["cp_strategy"]) == (2, True, "interleave")
 
 
 # ============================================================================================ MoE a2a
@@ -418,6 +445,7 @@ CONTROL_CASES = [
     ["--kv-cache-dtype", "fp8_e5m2"],
     ["--kv-cache-dtype", "bf16"],
     ["--tp", "16"],
+    ["--tp", "2", "--attn-cp-size", "2"],
     ["--tp", "2", "--moe-a2a-backend", "deepep"],
     ["--tp", "4", "--pp-size", "2", "--moe-a2a-backend", "deepep"],
     [

@@ -1,8 +1,9 @@
 """Request-time rules of ERNIE-5.5 servers (other architectures fall through): the OpenAI endpoints answer a
-wrong `model` with a 404 and `n > 1` under PD with a 400; every generate request (the tokenizer manager's
-check, repeated at the OpenAI endpoints so a stream is refused before it starts) gets a 400 for token ids
-outside the vocabulary, a logprobs count outside 0..vocab_size or an empty stop string (the OpenAI endpoints
-also for `n` < 1). A token id outside the vocabulary must never reach the embedding."""
+wrong `model` with a 404 and `n > 1` under PD with a 400; every generate request gets a 400 for token ids
+outside the vocabulary, a logprobs count outside 0..vocab_size, a logprob start outside the prompt or an empty
+stop string (the OpenAI endpoints also for `n` < 1), before the scheduler sees it: a token id outside the
+vocabulary must never reach the embedding. A stream is refused before it starts: SGLang's OpenAI handlers
+await its first event before answering, and the `/generate` hook here does the same."""
 
 from __future__ import annotations
 
@@ -120,9 +121,22 @@ def content_error(request: Any, vocab_size: int | None) -> str | None:
     )
 
 
+def logprob_start_error(start: Any, prompt_len: int) -> str | None:
+    """The 400 message when the first prompt position of the returned logprobs is neither -1 nor inside the
+    prompt, else None. SGLang's scheduler refuses a start past the prompt too, but only after running the
+    prompt's prefill, and silently reads one below -1 as "from the first uncached position"."""
+    if not isinstance(start, int) or isinstance(start, bool) or -1 <= start <= prompt_len:
+        return None
+    return (
+        f"`logprob_start_len`={start} is out of range: it is the first prompt position whose logprob is "
+        f"returned, legal values -1 (output tokens only) and 0..{prompt_len} (this prompt has {prompt_len} "
+        "tokens)."
+    )
+
+
 def generate_error(obj: Any, input_ids: Any, vocab_size: int) -> str | None:
-    """The 400 message of one tokenized generate request (`GenerateReqInput`) whose input ids, top-logprobs
-    count or stop strings are out of range, else None. Multimodal requests carry placeholder ids beyond
+    """The 400 message of one tokenized generate request (`GenerateReqInput`) whose input ids, logprob
+    options or stop strings are out of range, else None. Multimodal requests carry placeholder ids beyond
     the vocabulary and pass."""
     if any(getattr(obj, f, None) is not None for f in ("image_data", "video_data", "audio_data")):
         return None
@@ -133,6 +147,8 @@ def generate_error(obj: Any, input_ids: Any, vocab_size: int) -> str | None:
         k = getattr(obj, "top_logprobs_num", None)
         for one in k if isinstance(k, list) else [k]:
             message = message or top_logprobs_error(one, vocab_size, "top_logprobs_num")
+        if not message and input_ids is not None:
+            message = logprob_start_error(getattr(obj, "logprob_start_len", None), len(input_ids))
     params = getattr(obj, "sampling_params", None)
     if not message and isinstance(params, dict):
         message = stop_error(params.get("stop"), "stop")
@@ -146,7 +162,8 @@ def _vocab_size(tokenizer_manager: Any) -> int | None:
 def validate_request_hook(original, self, request, *args, **kwargs):
     """AROUND hook on `<OpenAI handler>._validate_request`: for ERNIE-5.5 servers the served-name and PD
     checks first (they do not depend on the request's content), then SGLang's own validation, then the
-    content rules (checked here too so that a streaming request is refused before its stream starts)."""
+    content rules (the tokenizer manager checks them too, but its message names `input_ids` and
+    `top_logprobs_num` where the client sent `prompt` and `logprobs`)."""
     if not is_ernie55(getattr(getattr(self.tokenizer_manager, "model_config", None), "hf_config", None)):
         return original(self, request, *args, **kwargs)
     message = model_name_error(self, request)
@@ -172,3 +189,56 @@ def validate_one_request_hook(original, self, obj, input_ids, *args, **kwargs):
         if message:
             raise ValueError(message)
     return result
+
+
+def _stream_error(event: bytes) -> dict | None:
+    """The `error` object of a `/generate` stream event that carries only an error (SGLang's answer to a
+    ValueError inside the stream), else None."""
+    import orjson
+
+    if not event.startswith(b"data: {"):
+        return None
+    try:
+        body = orjson.loads(event[len(b"data: ") :])
+    except orjson.JSONDecodeError:
+        return None
+    if isinstance(body, dict) and set(body) == {"error"} and isinstance(body["error"], dict):
+        return body["error"]
+    return None
+
+
+async def _prepend(first: bytes, events):
+    yield first
+    async for event in events:
+        yield event
+
+
+async def serve_generate_request_hook(original, obj, request, *args, **kwargs):
+    """AROUND hook on `http_server.serve_generate_request`: for a streaming request to an ERNIE-5.5 server,
+    the stream's first event is awaited before the response starts, as SGLang's OpenAI handlers do. Every
+    rule that refuses a request (ours in the tokenizer manager, SGLang's context length, sampling parameters,
+    ...) raises before the first output, which SGLang's `/generate` stream would send as an error event after
+    a 200; here it becomes that status (400 unless the error names another) with the message as JSON, and
+    the request never reached the scheduler. A first event that is output starts the stream unchanged."""
+    from fastapi.responses import ORJSONResponse, StreamingResponse
+    from sglang.srt.entrypoints.http_server import get_global_state
+
+    response = await original(obj, request, *args, **kwargs)
+    state = get_global_state()
+    tokenizer_manager = getattr(state, "tokenizer_manager", None)
+    config = getattr(getattr(tokenizer_manager, "model_config", None), "hf_config", None)
+    if not (getattr(obj, "stream", False) and isinstance(response, StreamingResponse) and is_ernie55(config)):
+        return response
+    events = response.body_iterator
+    try:
+        first = await events.__anext__()
+    except StopAsyncIteration:  # the client left before the first output: SGLang's empty stream
+        return response
+    error = _stream_error(first)
+    if error is None:
+        response.body_iterator = _prepend(first, events)
+        return response
+    await events.aclose()
+    status = error.get("code")
+    status = status if isinstance(status, int) and 400 <= status < 600 else 400
+    return ORJSONResponse({"error": {"message": error.get("message", "")}}, status_code=status)

@@ -68,6 +68,10 @@ def model_specific_adjustments(server_args: Any, previous) -> None:
     if warning:
         logger.warning("ERNIE-5.5: %s", warning)
     rules.check_hicache_size(cfg.hicache_size)
+    rules.check_disaggregation(cfg.disaggregation_mode, cfg.disaggregation_transfer_backend)
+    rules.check_hicache_options(
+        bool(cfg.enable_hierarchical_cache), cfg.hicache_storage_backend, server_args.hicache_host_memory_mode
+    )
 
     previous(server_args)  # applies ernie55_overrides (overrides.py) among the model overrides
 
@@ -112,6 +116,12 @@ def data_parallelism(server_args: Any, previous) -> None:
 
 
 def context_parallelism(server_args: Any, previous) -> None:
+    from sglang.srt.arg_groups.model_override_base import resolving_view
+
+    if ernie_architecture(server_args) is not None:
+        # Before the step: it raises its own bare error for --enable-prefill-cp without --cp-strategy.
+        cfg = resolving_view(server_args)
+        rules.check_prefill_cp(cfg.attn_cp_size, bool(cfg.enable_prefill_cp), cfg.cp_strategy)
     # After the step: prefill context parallelism may rewrite attn_cp_size; this is the final layout.
     previous(server_args)
     if ernie_architecture(server_args) is not None:

@@ -49,7 +49,118 @@ def _flag_value(v: object) -> str:
     return repr(v) if isinstance(v, str) and not v else str(v)
 
 
+# ---------------------------------------------------------------------------------------------- layouts
+def parallel_layout_refusal(
+    tp: int,
+    attn_dp: int = 1,
+    attn_cp: int = 1,
+    ep: int = 1,
+    dp_lm_head: bool = False,
+    a2a_backend: str = "none",
+    speculative: bool = False,
+    *,
+    device: str = "cuda",
+) -> str | None:
+    """Why the model refuses this parallel layout when it is built, naming what runs instead, or None when it
+    runs (docs/serving-design.md section 8). The one list the model (`check_parallel_layout`) and the hardware
+    cells (`cmd`, `plan`, `preflight`) both read, so what they print is what the server builds. `device`: the
+    server's --device (the cells are GPU recipes)."""
+    see = "See docs/serving-design.md section 8 (parallel layouts)."
+    if attn_cp > 1:
+        attn_tp = tp // max(1, attn_dp * attn_cp)
+        unrun = [
+            what
+            for what, on in (
+                (
+                    f"--device {device or 'cuda'} (the CUDA kernel attention path does not attend a CP rank's own "
+                    "query rows yet; CP has run on the CPU torch path)",
+                    device != "cpu",
+                ),
+                (
+                    f"attention TP {attn_tp} (only attention TP 1, --attn-cp-size = --tp, has run)",
+                    attn_tp != 1,
+                ),
+                (f"attention DP (--attn-dp-size {attn_dp})", attn_dp > 1),
+                ("--enable-dp-lm-head", dp_lm_head),
+                (f"expert parallelism (--ep {ep})", ep > 1),
+                ("speculative decoding (ECHO)", speculative),
+            )
+            if on
+        ]
+        if unrun:
+            return (
+                f"sglang-ernie55 has not run attention context parallelism with {' and '.join(unrun)}: got tp {tp}, "
+                f"--attn-dp-size {attn_dp}, --attn-cp-size {attn_cp}. It runs SGLang's prefill CP as --tp {attn_cp} "
+                f"--attn-cp-size {attn_cp} --enable-prefill-cp --cp-strategy interleave on --device cpu (each prefill "
+                "batch split over the CP ranks, decode whole on every rank) without --attn-dp-size, --ep and "
+                f"speculative decoding; or serve --tp {tp} without --attn-cp-size. See docs/serving-design.md "
+                "section 8.2 (attention CP)."
+            )
+    if attn_dp > 1:
+        # attention DP runs at any attention TP with --enable-dp-lm-head, and with ECHO at attention TP 1
+        # (docs/serving-design.md section 8.1)
+        attn_tp = tp // attn_dp
+        unrun = [
+            what
+            for what, on in (
+                (f"expert parallelism (--ep {ep})", ep > 1),
+                (
+                    f"speculative decoding (ECHO) at attention TP {attn_tp} (ECHO has run under attention DP at "
+                    "attention TP 1, --attn-dp-size = --tp)",
+                    speculative and attn_tp > 1,
+                ),
+            )
+            if on
+        ]
+        if unrun:
+            return (
+                f"sglang-ernie55 has not run attention data parallelism with {' and '.join(unrun)}: got tp {tp}, "
+                f"--attn-dp-size {attn_dp} (attention TP {attn_tp}). It runs --tp {tp} --attn-dp-size {attn_dp} "
+                f"without --ep and speculative decoding (with or without --enable-dp-lm-head), ECHO at --tp {tp} "
+                f"--attn-dp-size {tp}, or the same flags without --attn-dp-size (legal when {tp} divides the "
+                f"{DEFAULT_ATTENTION_OUTPUT_GROUPS} HCA output groups). {see}"
+            )
+    if a2a_backend != "none":
+        return (
+            f"sglang-ernie55 has not run the MoE all-to-all backend `--moe-a2a-backend {a2a_backend}` (expert "
+            f"parallel size {ep}): its latent MoE (latent_down before the experts, latent_up and the shared "
+            "expert after them) is checked only with SGLang's standard dispatch, where every rank keeps every "
+            f"token. Serve with --moe-a2a-backend none: --tp {tp} --ep {ep} then splits the routed experts "
+            f"over {ep} ranks the same way. {see}"
+        )
+    return None
+
+
 # ---------------------------------------------------------------------------------------------- rules
+CP_STRATEGY = "interleave"
+
+
+def check_prefill_cp(attn_cp: int, enable_prefill_cp: bool, cp_strategy: str | None) -> None:
+    """--attn-cp-size > 1 needs SGLang's prefill split, --enable-prefill-cp --cp-strategy interleave
+    (docs/serving-design.md section 8.2)."""
+    if attn_cp <= 1:
+        return
+    if not enable_prefill_cp:
+        raise Ernie55ArgumentError(
+            "--attn-cp-size",
+            attn_cp,
+            f"1, or > 1 with --enable-prefill-cp --cp-strategy {CP_STRATEGY}",
+            "SGLang splits a batch over the attention-CP ranks only with --enable-prefill-cp (and then only "
+            f"prefill batches); without it each of the {attn_cp} CP ranks computes the same attention over every "
+            "token, the attention work of attention TP 1 with none of its saving.",
+            f"Add --enable-prefill-cp --cp-strategy {CP_STRATEGY}, or drop --attn-cp-size.",
+        )
+    if cp_strategy != CP_STRATEGY:
+        raise Ernie55ArgumentError(
+            "--cp-strategy",
+            "unset" if cp_strategy is None else cp_strategy,
+            CP_STRATEGY,
+            "interleave (rank r takes tokens r, r + N, ...) is the split SGLang runs for DSA models (DeepSeek V3.2 "
+            "refuses zigzag, DeepSeek V4's zigzag is NPU-only) and the one sglang-ernie55 has run.",
+            f"Pass --cp-strategy {CP_STRATEGY}.",
+        )
+
+
 def check_attention_backend(flag: str, value: str | None) -> None:
     """A user-given attention backend must be `ernie55` (None: the model override sets it)."""
     if value is None or value == ATTENTION_BACKEND:
@@ -346,6 +457,49 @@ def check_hicache_size(hicache_size: int) -> None:
     )
 
 
+def check_hicache_options(enabled: bool, storage_backend: str | None, host_memory_mode: str | None) -> None:
+    """The host tier is what HiCache runs over the ERNIE-5.5 pools (docs/kv-layout.md, "HiCache"); an L3
+    storage backend and the buffer-only host mode have not run on them."""
+    if not enabled:
+        return
+    if storage_backend is not None:
+        raise Ernie55ArgumentError(
+            "--hicache-storage-backend",
+            storage_backend,
+            "none (unset): the host memory tier only",
+            "ERNIE-5.5's HiCache host pools have run with SGLang's host tier only; no L3 storage backend has "
+            "stored or read their pages (window, compressed, MLA latent and indexer pages under DeepSeek-V4's "
+            "pool names)",
+            "Leave it out: --enable-hierarchical-cache --hicache-ratio 2 keeps evicted prefixes in host memory.",
+        )
+    if host_memory_mode not in (None, "cache"):
+        raise Ernie55ArgumentError(
+            "--hicache-host-memory-mode",
+            host_memory_mode,
+            "cache",
+            "ERNIE-5.5's HiCache host pools have run as a cache of evicted prefixes only; the buffer-only "
+            "staging pipeline has not run on them",
+        )
+
+
+PD_TRANSFER_BACKENDS = ("mooncake",)
+
+
+def check_disaggregation(mode: str | None, transfer_backend: str | None) -> None:
+    """PD disaggregation over the ERNIE-5.5 pools has run with SGLang's Mooncake backend only
+    (docs/serving-design.md section 10)."""
+    if mode in (None, "null") or transfer_backend in PD_TRANSFER_BACKENDS:
+        return
+    raise Ernie55ArgumentError(
+        "--disaggregation-transfer-backend",
+        transfer_backend,
+        ", ".join(PD_TRANSFER_BACKENDS),
+        "PD disaggregation of the ERNIE-5.5 pools (window rows, compressed entries, MLA latents, indexer keys, "
+        "open-block state, the ECHO draft's rows) has run with SGLang's Mooncake transfer backend only",
+        "Use --disaggregation-transfer-backend mooncake on both servers.",
+    )
+
+
 PREFILL_GRAPH_WHY = (
     "the ernie55 attention backend's prefill (extend) reads each request's prefix and extend lengths on the "
     "host to lay out block compression and the DSA top-k, which a captured graph cannot replay; decode and "
@@ -408,8 +562,17 @@ ERNIE55_FLAG_RULES: tuple[FlagRule, ...] = (
         "`--tp`, `--attn-dp-size`, `--attn-cp-size`",
         "attention TP = tp / attn_dp / attn_cp must divide 8 (o_groups); else error with the computed "
         "attention TP and the nearest legal settings (`--tp 16 --attn-dp-size 2` is legal). When the model is "
-        "built: attention DP runs at attention TP 1 (`--attn-dp-size` = `--tp`) without `--enable-dp-lm-head`, "
-        "`--ep` and ECHO; other attention-DP layouts and `--attn-cp-size` > 1 are refused (not yet run)",
+        "built: attention DP runs at any attention TP, with `--enable-dp-lm-head`, and with ECHO at attention TP "
+        "1; attention DP with `--ep`, or with ECHO at attention TP > 1, is refused (not yet run); "
+        "`--attn-cp-size` > 1: next row",
+    ),
+    FlagRule(
+        "`--attn-cp-size` > 1, `--enable-prefill-cp`, `--cp-strategy`",
+        "`--attn-cp-size` > 1 needs `--enable-prefill-cp --cp-strategy interleave` (SGLang's prefill split); "
+        "without them, or with another strategy: error. When the model is built: runs at attention TP 1 "
+        "(`--attn-cp-size` = `--tp`) on `--device cpu` without `--attn-dp-size`, `--ep` and ECHO; prefill "
+        "batches split over the CP ranks, decode whole on every rank; other CP layouts and CUDA are refused "
+        "(not yet run)",
     ),
     FlagRule(
         "`--ep N` (`--moe-a2a-backend none`)",
@@ -438,7 +601,12 @@ ERNIE55_FLAG_RULES: tuple[FlagRule, ...] = (
         "error on the Base model; `SGLANG_ERNIE55_ALLOW_PARSERS=1` lets them through with a warning "
         "(for your own fine-tune that emits that format)",
     ),
-    FlagRule("`--hicache-size`", "error: use `--hicache-ratio` (e.g. 2)"),
+    FlagRule(
+        "`--enable-hierarchical-cache`, `--hicache-*`",
+        "host copies of every ERNIE-5.5 pool page, `--hicache-ratio` x the device pool (e.g. 2); `--hicache-size`: "
+        "error, use `--hicache-ratio`; `--hicache-storage-backend` (L3) and `--hicache-host-memory-mode "
+        "buffer_only`: error (not yet run on these pools)",
+    ),
     FlagRule(
         "`--enable-deterministic-inference`",
         "accepted with `ernie55` and the radix cache kept: attention on the Triton kernels with fixed key "
@@ -454,6 +622,11 @@ ERNIE55_FLAG_RULES: tuple[FlagRule, ...] = (
     FlagRule(
         "`--context-length` > 131072",
         "warning: also lower `--max-running-requests` (single digits) and `--cuda-graph-max-bs-decode`",
+    ),
+    FlagRule(
+        "`--disaggregation-mode prefill` / `decode`, `--disaggregation-transfer-backend`",
+        "PD disaggregation with `mooncake` (both servers the same pool flags; docs/serving-design.md section 10); "
+        "any other transfer backend: error (not yet run on these pools)",
     ),
     FlagRule(
         "request `n` > 1 under PD disaggregation",

@@ -15,7 +15,8 @@ from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 from ..configuration import LAYER_HCA, LAYER_MLA_DSA
 from ..mem_cache.pool import Ernie55TokenToKVPool
 from . import select
-from .interface import AttnImpl, LayerInputs, TokenRows
+from .cp import Split, gather_keys, split_of
+from .interface import AttnImpl, LayerInputs, TokenRows, real_rows
 
 logger = logging.getLogger(__name__)
 
@@ -78,6 +79,8 @@ class Ernie55AttnBackend(AttentionBackend):
         self._distinct = list({id(i): i for i in self.impls.values()}.values())  # each metadata built once
         self.graph_width = self.max_ctx
         self._graph_per_req = 1  # rows per request of the graph batch (set outside the graph)
+        self._split: Split | None = None  # this forward's prefill-CP split (EXTEND only)
+        self._split_logged = False
         if device_memory(pool.device):
             logger.info(f"{SIZING_LOG} at attention-backend set-up: {device_memory(pool.device)}")
 
@@ -111,14 +114,23 @@ class Ernie55AttnBackend(AttentionBackend):
     def init_forward_metadata(self, forward_batch) -> None:
         """Eager: every implementation in use builds its metadata, once per forward."""
         fb, mode = forward_batch, forward_batch.forward_mode
+        self._split = None
         if mode.is_target_verify():
             k = self._verify_rows(fb)
             rows = self._token_rows(fb, k, self._eager_width(fb, k))
         elif mode.is_decode_or_idle():
             rows = self._token_rows(fb, 1, self._eager_width(fb, 0))
         elif mode.is_extend():
+            # under SGLang's prefill CP (attention.cp): this rank's query rows; keys are gathered per layer
+            self._split = split_of(fb)
+            if self._split is not None and not self._split_logged:
+                self._split_logged = True
+                logger.info(
+                    f"ernie55 backend: prefill CP splits this extend: {len(self._split.qidx)} of "
+                    f"{sum(fb.extend_seq_lens_cpu)} query rows on this rank, every rank's keys gathered per layer"
+                )
             for impl in self._distinct:
-                impl.init_extend(fb)
+                impl.init_extend(fb, self._split)
             return
         else:
             raise NotImplementedError(
@@ -166,6 +178,7 @@ class Ernie55AttnBackend(AttentionBackend):
 
     # ------------------------------------------------------------------ layers
     def _route(self, layer, inputs: LayerInputs) -> tuple[str, AttnImpl]:
+        self.pool.wait_layer_transfer(layer.layer_id)  # a HiCache load of this layer's pages has landed
         kind = self.layer_kinds[layer.layer_id]
         if inputs.kind != kind:
             raise TypeError(
@@ -182,6 +195,9 @@ class Ernie55AttnBackend(AttentionBackend):
                 q, k, v, layer, forward_batch, save_kv_cache, ernie_inputs=ernie_inputs
             )
         kind, impl = self._route(layer, ernie_inputs)
+        ernie_inputs = real_rows(ernie_inputs, q)  # a batch SGLang padded for attention TP > 1 under DP
+        if self._split is not None:  # a CP-split extend: every rank's keys, this rank's queries
+            k, ernie_inputs = gather_keys(self._split, forward_batch, k, ernie_inputs)
         return impl.extend(kind, q, k.view(-1, k.shape[-1]), ernie_inputs, layer, forward_batch)
 
     def forward_decode(

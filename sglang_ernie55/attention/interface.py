@@ -30,6 +30,10 @@ class HCAInputs:
     compressor: torch.nn.Module
     sink: torch.Tensor
 
+    def first_rows(self, n: int) -> HCAInputs:
+        """These inputs for the first n token rows (see `real_rows`)."""
+        return dataclasses.replace(self, cs=self.cs[:n])
+
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class MLAInputs:
@@ -44,8 +48,23 @@ class MLAInputs:
     index_w: torch.Tensor
     index_k: torch.Tensor
 
+    def first_rows(self, n: int) -> MLAInputs:
+        """These inputs for the first n token rows (see `real_rows`)."""
+        return dataclasses.replace(
+            self, index_q=self.index_q[:n], index_w=self.index_w[:n], index_k=self.index_k[:n]
+        )
+
 
 LayerInputs = HCAInputs | MLAInputs
+
+
+def real_rows(inputs: LayerInputs, q: torch.Tensor) -> LayerInputs:
+    """`inputs` narrowed to the query rows the backend was handed. Under attention DP at attention TP > 1 SGLang
+    pads a rank's EXTEND batch to a multiple of the attention TP size and hands the backend only the real rows
+    (`radix_attention._attention_on_real_rows` narrows q, k, v, out_cache_loc, positions and the keyword inputs it
+    knows, then pads the output back with zeros); the per-row tensors inside `ernie_inputs` arrive padded."""
+    rows = inputs.cs if isinstance(inputs, HCAInputs) else inputs.index_k
+    return inputs.first_rows(q.shape[0]) if rows.shape[0] > q.shape[0] else inputs
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -74,8 +93,10 @@ class AttnImpl(Protocol):
     """One compute of the backend (torch_path.TorchPath, kernel_path.KernelPath) for the layer kinds given to it.
     It owns its per-forward metadata: built once per forward by the init_* calls, read by every layer."""
 
-    def init_extend(self, fb) -> None:
-        """Eager EXTEND (prefill, chunked prefill, prefix hits, mixed batches): ragged rows from fb's host lists."""
+    def init_extend(self, fb, split=None) -> None:
+        """Eager EXTEND (prefill, chunked prefill, prefix hits, mixed batches): ragged rows from fb's host lists.
+        `split` (attention.cp.Split): under SGLang's prefill CP, the batch rows of this rank's queries; the keys
+        handed to `extend` are then every rank's, in batch order."""
 
     def init_rows(self, rows: TokenRows) -> None:
         """Eager DECODE / TARGET_VERIFY."""

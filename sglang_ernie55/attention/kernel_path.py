@@ -179,7 +179,13 @@ class KernelPath:
         self._rope_tables: dict = {}
 
     # ------------------------------------------------------------------ metadata
-    def init_extend(self, fb) -> None:
+    def init_extend(self, fb, split=None) -> None:
+        if split is not None:
+            raise NotImplementedError(
+                "ernie55 backend: the kernel attention path does not attend a CP rank's own query rows (its "
+                "metadata covers every token of the batch); attention CP (--attn-cp-size with --enable-prefill-cp) "
+                "runs on the torch path. Serve without --attn-cp-size. See docs/serving-design.md section 8.2."
+            )
         self.meta = self.extend_meta(fb)
 
     def init_rows(self, rows: TokenRows) -> None:

@@ -24,9 +24,37 @@ QUERY_CHUNK = 256  # extend: queries per block
 
 @dataclass
 class ExtendMeta:
+    """An EXTEND batch: request slots, prefix and extend lengths. Under SGLang's prefill CP (attention.cp) the
+    keys are the whole batch's while the queries are one rank's: `qidx` the batch row of each query row,
+    `rows` the query rows with padding (None: every batch row is a query row, in order)."""
+
     req: list[int]
     prefix: list[int]
     extend: list[int]
+    qidx: list[int] | None = None
+    rows: int = 0
+
+    def query_blocks(self):
+        """(request index, query-row index, positions) per block of at most QUERY_CHUNK consecutive-position
+        queries of one request; the indices are slices (every row a query) or [n] long tensors (CP rows)."""
+        off = 0
+        if self.qidx is None:
+            for i, (P, E) in enumerate(zip(self.prefix, self.extend)):
+                for q0 in range(P, P + E, QUERY_CHUNK):
+                    q1 = min(P + E, q0 + QUERY_CHUNK)
+                    yield i, slice(off + q0 - P, off + q1 - P), torch.arange(q0, q1)
+                off += E
+            return
+        qidx = torch.tensor(self.qidx, dtype=torch.long)
+        for i, (P, E) in enumerate(zip(self.prefix, self.extend)):
+            j = torch.nonzero((qidx >= off) & (qidx < off + E)).flatten()  # this request's query rows
+            pos = qidx[j] - off + P
+            for c0 in range(0, j.numel(), QUERY_CHUNK):
+                yield i, j[c0 : c0 + QUERY_CHUNK], pos[c0 : c0 + QUERY_CHUNK]
+            off += E
+
+    def query_rows(self, total: int) -> int:
+        return total if self.qidx is None else self.rows
 
 
 @dataclass
@@ -155,7 +183,7 @@ class TorchHCA:
         win, cmp, state = pool.win[layer_id], pool.cmp[layer_id], pool.state[layer_id]
         win.write(pool.window_loc(loc), kv)
         dev, h, D = q.device, q.shape[1], q.shape[2]
-        out = torch.empty(q.shape[0], h, D, dtype=torch.float32, device=dev)
+        out = torch.zeros(meta.query_rows(kv.shape[0]), h, D, dtype=torch.float32, device=dev)
         ring = state.shape[1]  # token p's state row is p % ring
         off = 0
         for req, P, E in zip(meta.req, meta.prefix, meta.extend):
@@ -173,18 +201,19 @@ class TorchHCA:
             keep = max(P, ratio * (L // ratio - ring // ratio + 1))
             if keep < L:
                 state[req, torch.arange(keep, L, device=dev) % ring] = rows[keep - start :]
-            for q0 in range(P, L, QUERY_CHUNK):
-                q1 = min(L, q0 + QUERY_CHUNK)
-                s = slice(off + q0 - P, off + q1 - P)
-                out[s] = self._attend_extend(q[s], req, q0, q1, win, cmp, sink, scale)
             off += E
+        # attention after every request's compression: a block's entry is written before any query reads it
+        for i, s, qpos in meta.query_blocks():
+            out[s] = self._attend_extend(q[s], meta.req[i], qpos, win, cmp, sink, scale)
         return out
 
-    def _attend_extend(self, q, req, q0, q1, win, cmp, sink, scale):
-        """Queries at positions q0 .. q1-1 of request slot `req`: raw keys max(0, q0-W+1) .. q1-1, then the
-        compressed entries j < (p+1) // ratio in chunks."""
+    def _attend_extend(self, q, req, qpos, win, cmp, sink, scale):
+        """Queries at positions `qpos` (host, increasing) of request slot `req`: raw keys max(0, q0-W+1) .. q1-1
+        (q0 / q1: the first / one past the last position), then the compressed entries j < (p+1) // ratio in
+        chunks."""
         pool, ratio, W, dev = self.pool, self.ratio, self.W, q.device
-        qpos = torch.arange(q0, q1, device=dev)
+        q0, q1 = int(qpos[0]), int(qpos[-1]) + 1
+        qpos = qpos.to(dev)
         ks = max(0, q0 - W + 1)
         kpos = torch.arange(ks, q1, device=dev)
         acc = OnlineSoftmax(q.shape[0], q.shape[1], q.shape[2], sink, dev)
@@ -252,16 +281,13 @@ class TorchMLA:
         lat.write(loc, kc)
         idx.write(loc, ik)
         dev = q.device
-        out = torch.empty(q.shape[0], q.shape[1], v_dim, dtype=torch.float32, device=dev)
-        off = 0
-        for req, P, E in zip(meta.req, meta.prefix, meta.extend):
-            for q0 in range(P, P + E, QUERY_CHUNK):
-                q1 = min(P + E, q0 + QUERY_CHUNK)
-                s = slice(off + q0 - P, off + q1 - P)
-                qpos = torch.arange(q0, q1, device=dev)
-                locs = lambda k0, k1, r=req: self.req_to_token[r, k0:k1]  # noqa: E731
-                out[s] = self._attend(q[s], iq[s], iw[s], qpos, q1, locs, None, scale, v_dim, lat, idx)
-            off += E
+        out = torch.zeros(meta.query_rows(kc.shape[0]), q.shape[1], v_dim, dtype=torch.float32, device=dev)
+        for i, s, qpos in meta.query_blocks():
+            n_keys = int(qpos[-1]) + 1  # causal: the keys up to the block's last query
+            locs = lambda k0, k1, r=meta.req[i]: self.req_to_token[r, k0:k1]  # noqa: E731
+            out[s] = self._attend(
+                q[s], iq[s], iw[s], qpos.to(dev), n_keys, locs, None, scale, v_dim, lat, idx
+            )
         return out
 
     def decode(self, q, kc, iq, iw, ik, scale, v_dim, layer_id, loc, req, pos, width: int):
@@ -317,11 +343,13 @@ class TorchPath:
         self.meta: ExtendMeta | DecodeMeta | None = None
 
     # ------------------------------------------------------------------ metadata
-    def init_extend(self, fb) -> None:
+    def init_extend(self, fb, split=None) -> None:
         self.meta = ExtendMeta(
             req=fb.req_pool_indices.tolist(),
             prefix=list(fb.extend_prefix_lens_cpu),
             extend=list(fb.extend_seq_lens_cpu),
+            qidx=None if split is None else split.qidx,
+            rows=0 if split is None else split.rows,
         )
 
     def init_rows(self, rows: TokenRows) -> None:

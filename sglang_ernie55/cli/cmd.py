@@ -171,30 +171,22 @@ def _entry(cell, node_rank: int, image: str, kw: dict) -> dict:
 
 
 def _layout_lines(cell, runnable) -> list[str]:
-    """Comment lines for a cell whose recipe this version refuses (attention DP / CP): why, and what is printed
-    instead (the nearest layout that runs, or nothing). Empty when the recipe runs as it is."""
+    """Comment lines for a cell whose recipe the server refuses when the model is built
+    (`Cell.layout_refusal`): why, and what is printed instead (the nearest layout that runs, or nothing).
+    Empty when the recipe runs as it is."""
     if runnable is cell:
         return []
-    used = " and ".join(
-        f"--{n} {cell.int_flag(n)}" for n in ("attn-dp-size", "attn-cp-size") if cell.int_flag(n) > 1
-    )
-    from ..args.rules import DEFAULT_ATTENTION_OUTPUT_GROUPS as groups
-
-    tp = cell.int_flag("tp-size", cell.int_flag("tp", 1))
     lines = [
-        f"# NOT YET SUPPORTED: this cell's recipe (the deployment guides') uses {used}; this version of "
-        "sglang-ernie55 refuses attention data / context parallelism when the model is built "
-        "(docs/serving-design.md section 8).",
+        "# NOT YET SUPPORTED: this cell's recipe (the deployment guides') is refused by this version: "
+        + str(cell.layout_refusal())
     ]
     if runnable is None:
-        lines.append(
-            f"# Without it the attention TP would be {tp}, which does not divide the {groups} HCA output groups: no layout "
-            "of this cell runs in this version, so no command is printed."
-        )
+        lines.append("# No layout of this cell runs in this version, so no command is printed.")
     else:
+        dropped = " / ".join(f"--{n}" for n in ("attn-dp-size", "attn-cp-size") if cell.int_flag(n) > 1)
+        tp = runnable.int_flag("tp-size", runnable.int_flag("tp", 1))
         lines.append(
-            f"# Printed below: the nearest layout that runs, the same flags without {used.split()[0]}"
-            + (" / --attn-cp-size" if " and " in used else "")
-            + f" (attention TP {tp}; fewer tokens in the KV pool, see `sglang-ernie55 plan`)."
+            f"# Printed below: the nearest layout that runs, the same flags without {dropped} (attention TP {tp}; "
+            "fewer tokens in the KV pool, see `sglang-ernie55 plan`)."
         )
     return lines

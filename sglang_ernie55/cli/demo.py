@@ -44,7 +44,9 @@ CPU_SERVER_ARGS: tuple[tuple[tuple[str, ...], str], ...] = (
         ("--max-total-tokens", "8192"),
         "without it SGLang sizes the KV pool from free host memory (tens of millions of tokens: the "
         "scheduler is killed for memory). 8192 is a round size whose SWA part (10%, page-aligned: 768 "
-        "tokens) still holds the HCA window (128) plus one 256-token page, as SGLang requires.",
+        "tokens) still holds the HCA window (128) plus one 256-token page, as SGLang requires. SGLang admits "
+        "a prefix-cache hit only with 4 SWA pages (the server log warns): for more than the demo's one request "
+        "add --swa-full-tokens-ratio 0.125 or raise this.",
     ),
     (
         ("--max-running-requests", "4"),

@@ -143,20 +143,10 @@ def refused_note(cell, runnable) -> str | None:
     """Why this version does not serve `cell`'s own recipe and what is planned instead, else None."""
     if runnable is cell:
         return None
-    used = " / ".join(
-        f"--{n} {cell.int_flag(n)}" for n in ("attn-dp-size", "attn-cp-size") if cell.int_flag(n) > 1
-    )
-    head = (
-        f"this version refuses the recipe's {used} (attention data / context parallelism, "
-        "docs/serving-design.md section 8)"
-    )
+    head = f"this version refuses the recipe: {cell.layout_refusal()}"
     if runnable is None:
-        tp = cell.int_flag("tp-size", cell.int_flag("tp", 1))
-        return (
-            f"{head}, and without it the attention TP ({tp}) does not divide the HCA output groups: no layout of "
-            "this cell runs yet. Planned: the recipe as it is."
-        )
-    return f"{head}. Planned: the nearest layout that runs, the same flags without it (what `cmd` prints)."
+        return f"{head} No layout of this cell runs yet. Planned: the recipe as it is."
+    return f"{head} Planned: the nearest layout that runs, the same flags without attention DP / CP (what `cmd` prints)."
 
 
 def render(

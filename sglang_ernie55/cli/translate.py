@@ -448,6 +448,20 @@ def translate(argv: list[str]) -> Translation:
         )
     else:
         t.add("--port", port)
+    from ..args.rules import parallel_layout_refusal
+
+    layout = {f: int(t.value(f) or 1) for f in ("--tp-size", "--attn-dp-size", "--ep-size")}
+    why = parallel_layout_refusal(
+        layout["--tp-size"],
+        layout["--attn-dp-size"],
+        ep=layout["--ep-size"],
+        a2a_backend=t.value("--moe-a2a-backend") or "none",
+        speculative=t.has("--speculative-algorithm"),
+    )
+    if why:
+        t.errors.append(
+            f"the translated command is one this version of sglang-ernie55 refuses when it loads the model: {why}"
+        )
     if t.value("--host") in ("0.0.0.0", "::") and not t.has("--api-key"):
         t.notes.append(
             "--host 0.0.0.0 without --api-key: an unauthenticated API on the network; add --api-key or bind 127.0.0.1"
@@ -457,6 +471,8 @@ def translate(argv: list[str]) -> Translation:
 
 def _parallel(tp: int, dp: int, pp: int, ep: bool, t: Translation) -> list[str]:
     """vLLM's DP x TP (x EP) onto SGLang's tp / attn-dp-size / ep-size."""
+    from ..args.rules import parallel_layout_refusal  # the rules import torch; `translate` alone does not
+
     out: list[str] = []
     world = tp * dp
     if world > 1:
@@ -474,7 +490,12 @@ def _parallel(tp: int, dp: int, pp: int, ep: bool, t: Translation) -> list[str]:
         out += ["--ep-size", str(world)]
         t.notes.append(
             f"--enable-expert-parallel -> --ep-size {world}: SGLang takes the EP width, not a switch; experts split "
-            f"over all {world} GPUs (add --moe-a2a-backend deepep for DeepEP, which needs --ep-size >= 4)"
+            f"over all {world} GPUs through SGLang's standard dispatch"
+            + (
+                " (this version does not run DeepEP yet)"
+                if parallel_layout_refusal(world, ep=world, a2a_backend="deepep")
+                else " (add --moe-a2a-backend deepep for DeepEP, which needs --ep-size >= 4)"
+            )
         )
     attn_tp = tp
     if 8 % attn_tp:

@@ -107,42 +107,49 @@ class Cell:
     def int_flag(self, name: str, default: int = 1) -> int:
         return int(self.flags.get(name, default))
 
+    def layout_refusal(self) -> str | None:
+        """Why the server refuses this cell's parallel layout when the model is built
+        (`args.rules.parallel_layout_refusal` over the cell's flags), else None."""
+        from ..args.rules import parallel_layout_refusal
+
+        return parallel_layout_refusal(
+            self.int_flag("tp-size", self.int_flag("tp", 1)),
+            self.int_flag("attn-dp-size"),
+            self.int_flag("attn-cp-size"),
+            self.int_flag("ep-size", self.int_flag("ep", 1)),
+            bool(self.flag("enable-dp-lm-head", False)),
+            str(self.flag("moe-a2a-backend", "none")),
+            bool(self.flag("speculative-algorithm")),
+        )
+
     def unimplemented_layout(self) -> str | None:
         """A warning when this cell's recipe (the deployment guides', docs/server-args.md "Deployment facts") uses
-        a parallel layout the model refuses when it is built (attention DP / CP; docs/serving-design.md section
-        8), else None."""
-        dp, cp = self.int_flag("attn-dp-size"), self.int_flag("attn-cp-size")
-        if dp <= 1 and cp <= 1:
+        a parallel layout the server refuses when the model is built (`layout_refusal`), else None."""
+        why = self.layout_refusal()
+        if why is None:
             return None
-        from ..args.rules import DEFAULT_ATTENTION_OUTPUT_GROUPS as groups
-
-        used = [f"--{n} {v}" for n, v in (("attn-dp-size", dp), ("attn-cp-size", cp)) if v > 1]
-        head = (
-            f"this recipe uses {' and '.join(used)} (the deployment guides' recipe, docs/server-args.md "
-            '"Deployment facts"), which this version of sglang-ernie55 does not '
-            "implement: the server refuses it when the model is built (docs/serving-design.md section 8). "
-        )
-        tp = self.int_flag("tp-size", self.int_flag("tp", 1))
-        drop = " / ".join(u.split()[0] for u in used)
-        if groups % tp == 0:
-            return head + f"Meanwhile serve with the same command without {drop} (attention TP {tp})."
-        return head + (
-            f"Without {drop} the attention TP would be {tp}, which does not divide the {groups} HCA output "
-            "groups: this cell has no layout that runs in this version."
-        )
+        runnable = self.runnable()
+        dropped = " / ".join(f"--{n}" for n in ("attn-dp-size", "attn-cp-size") if self.int_flag(n) > 1)
+        head = f'this recipe (the deployment guides\', docs/server-args.md "Deployment facts") is refused: {why} '
+        if runnable is None:
+            return head + "This cell has no layout that runs in this version."
+        tp = runnable.int_flag("tp-size", runnable.int_flag("tp", 1))
+        return head + f"Meanwhile serve with the same command without {dropped} (attention TP {tp})."
 
     def runnable(self) -> Cell | None:
-        """The layout this version serves for this cell: the cell itself, or, when its recipe uses attention
-        DP / CP (refused when the model is built), the same flags without them; None when that layout is
-        illegal too (its attention TP does not divide the HCA output groups)."""
-        if self.unimplemented_layout() is None:
+        """The layout this version serves for this cell: the cell itself when the server builds it, else the same
+        flags without attention DP / CP when that layout is legal and builds, else None."""
+        if self.layout_refusal() is None:
             return self
         from ..args.rules import DEFAULT_ATTENTION_OUTPUT_GROUPS as groups
 
+        if self.int_flag("attn-dp-size") <= 1 and self.int_flag("attn-cp-size") <= 1:
+            return None
         if groups % self.int_flag("tp-size", self.int_flag("tp", 1)):
             return None
         flags = {k: v for k, v in self.flags.items() if k not in ("attn-dp-size", "attn-cp-size")}
-        return dataclasses.replace(self, flags=flags)
+        fallback = dataclasses.replace(self, flags=flags)
+        return fallback if fallback.layout_refusal() is None else None
 
     def flag_argv(self) -> list[str]:
         """The cell's own flags as argv (no model path, no node or network flags)."""

@@ -33,9 +33,18 @@ __all__ = [
 ]
 
 # Heads, HCA output groups and their projections shard over SGLang's attention-TP group (tp / attn_dp / attn_cp;
-# the whole TP group while attention DP / CP are refused, models.ernie55.check_parallel_layout), whose row-parallel
-# outputs all-reduce over that group, as SGLang's DeepSeek models do (`parallel_group="attn_tp"`).
+# the whole TP group without attention DP / CP), whose row-parallel outputs all-reduce over that group
+# (`parallel_group="attn_tp"` with `_reduce_over_attn_tp`), as SGLang's DeepSeek V4 does.
 ATTN_TP = "attn_tp"
+
+
+def _reduce_over_attn_tp() -> bool:
+    """`use_dp_attention_reduce` of the row-parallel outputs: SGLang's RowParallelLinear shards its weight over
+    `parallel_group` but all-reduces over the whole TP group unless told otherwise, which under attention DP / CP
+    at attention TP > 1 would sum other DP ranks' rows (and pair an IDLE rank's collective with a layer's).
+    Without DP / CP the two groups are one (SGLang's attn_tp group is the TP group), and the flag stays off."""
+    par = get_parallel()
+    return par.attn_tp_size < par.tp_size
 
 
 def _add_prefix(name: str, prefix: str) -> str:
@@ -147,7 +156,13 @@ class Ernie55HCAAttention(nn.Module):
             h // G * D, G * ol, bias=False, quant_config=None, parallel_group=ATTN_TP, prefix=p("wo_a")
         )
         self.wo_b = RowParallelLinear(
-            G * ol, H, bias=False, quant_config=lq(G * ol // tp, H), parallel_group=ATTN_TP, prefix=p("wo_b")
+            G * ol,
+            H,
+            bias=False,
+            quant_config=lq(G * ol // tp, H),
+            parallel_group=ATTN_TP,
+            use_dp_attention_reduce=_reduce_over_attn_tp(),
+            prefix=p("wo_b"),
         )
         self.attn_sink = nn.Parameter(torch.empty(self.h, dtype=torch.float32), requires_grad=False)
         self.attn_sink.weight_loader = _sharded_loader(0)
@@ -231,6 +246,7 @@ class Ernie55MLADSAAttention(nn.Module):
             bias=False,
             quant_config=lq(h * self.dv // tp, H),
             parallel_group=ATTN_TP,
+            use_dp_attention_reduce=_reduce_over_attn_tp(),
             prefix=p("o_proj"),
         )
         self.indexer = Indexer(config, quant_config, p("indexer"))

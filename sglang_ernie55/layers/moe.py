@@ -18,6 +18,7 @@ from sglang.srt.runtime_context import get_parallel
 from torch import nn
 
 from ..configuration import checkpoint_config
+from ..profiling import forward_range
 from .impl import use_kernels
 from .linear import FP8_BLOCK, linear_quant_config
 
@@ -185,13 +186,18 @@ class Ernie55LatentMoE(nn.Module):
         return w * self.scaling, idx.to(torch.int32), s
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        w, ids, s = self.route(x)
-        z = self.latent_down(x)[0]
-        y = self.experts(z, StandardTopKOutput(topk_weights=w, topk_ids=ids, router_logits=s))
-        y = self.latent_up(y)[0]
+        with forward_range("moe.route"):
+            w, ids, s = self.route(x)
+        with forward_range("moe.latent"):
+            z = self.latent_down(x)[0]
+        with forward_range("moe.experts"):
+            y = self.experts(z, StandardTopKOutput(topk_weights=w, topk_ids=ids, router_logits=s))
+        with forward_range("moe.latent"):
+            y = self.latent_up(y)[0]
         if not self.one_reduce:
             y = sum_post_experts_output(y)  # no-op at one rank, or where the combine already summed
         if self.shared_experts is not None:
-            y = y + self.shared_experts(x)
+            with forward_range("moe.shared"):
+                y = y + self.shared_experts(x)
         # standard dispatch: the routed and the shared partial sums in one all-reduce
         return tensor_model_parallel_all_reduce(y) if self.one_reduce else y

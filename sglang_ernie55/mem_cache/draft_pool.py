@@ -62,5 +62,17 @@ class EchoDraftKVPool(SWAWindowAddressing, OwnRowsKVSurface, KVCache):
         return self.rows
 
     # ------------------------------------------------------------------ SGLang KVCache surface
+    def get_contiguous_buf_infos(self):
+        """PD KV data of the draft: its rows when they sit at full slots (no SWA pool); with an SWA pool they
+        go as an SWA state component (mem_cache/pd.py `around_setup_state_kv_args`)."""
+        from .pd_layout import buf_infos, page_rows
+
+        return ([], [], []) if self.is_hybrid_swa else buf_infos([page_rows(self.rows, self.page_size)])
+
+    def get_state_buf_infos(self):
+        from .pd_layout import state_buf_infos
+
+        return state_buf_infos(self)
+
     def get_kv_size_bytes(self) -> int:
         return sum(b.numel() * b.element_size() for b in self.rows.buffers())

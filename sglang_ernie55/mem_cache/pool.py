@@ -80,7 +80,8 @@ class OwnRowsKVSurface:
     def _unsupported(self, what: str):
         raise NotImplementedError(
             f"{type(self).__name__}: {what} is not supported ({self._ACCESS_NOTE}; "
-            "HiCache, PD and generic KV access are not supported by this pool)"
+            "generic KV access is not supported by this pool; PD transfers and HiCache move its pages through "
+            "sglang_ernie55.mem_cache.pd_layout and sglang_ernie55.mem_cache.host_pool)"
         )
 
     def get_key_buffer(self, layer_id: int):
@@ -94,9 +95,6 @@ class OwnRowsKVSurface:
 
     def set_kv_buffer(self, layer, loc, cache_k, cache_v, *args, **kwargs) -> None:
         self._unsupported("set_kv_buffer")
-
-    def get_state_buf_infos(self):
-        self._unsupported("get_state_buf_infos (PD state transfer)")
 
 
 class SWAWindowAddressing:
@@ -248,3 +246,34 @@ class Ernie55TokenToKVPool(SWAWindowAddressing, OwnRowsKVSurface, BaseSWAKVPool)
 
     def get_kv_size_bytes(self) -> int:
         return sum(b.numel() * b.element_size() for b in self._all_buffers())
+
+    # ------------------------------------------------------------------ PD transfer (mem_cache/pd_layout.py)
+    def get_contiguous_buf_infos(self):
+        """PD KV data: the full-page-addressed buffers (compressed entries, latents, indexer keys)."""
+        from .pd_layout import contiguous_buf_infos
+
+        return contiguous_buf_infos(self)
+
+    def get_state_buf_infos(self):
+        """PD `StateType.SWA`: the HCA window rows at SWA pages (none without an SWA pool)."""
+        from .pd_layout import state_buf_infos
+
+        return state_buf_infos(self)
+
+    def get_request_state_buf_infos(self):
+        """PD `StateType.DSV4_REQUEST_STATE`: the HCA open-block state, one item per position row."""
+        from .pd_layout import request_state_buf_infos
+
+        return request_state_buf_infos(self)
+
+    def request_state_transfer_indices(self, req_pool_idx: int, seq_len: int):
+        """The open-block state rows of one request (SGLang asks both PD servers)."""
+        from .pd_layout import request_state_rows
+
+        return request_state_rows(self, req_pool_idx, seq_len)
+
+    def wait_layer_transfer(self, layer_id: int) -> None:
+        """Holds this layer's reads until HiCache's host-to-device load of its pages is done: SGLang's per-layer
+        counter, which the HiCache controller registers with the pool (None without HiCache)."""
+        if self.layer_transfer_counter is not None:
+            self.layer_transfer_counter.wait_until(layer_id - self.start_layer)

@@ -32,6 +32,8 @@ KV_DTYPES = (FP8_KV, BF16_KV)
 SIZING_LOG = "ERNIE-5.5 pool sizing:"
 # The CUDA caching allocator rounds every large block up to 2 MiB: charged once per buffer.
 ALLOC_ROUNDING = 2 << 20
+# SGLang's write-back staging chunk of a `page_first` HiCache host pool, in pages (pool_host.base)
+HICACHE_STAGING_PAGES = 64
 
 
 def normalize_kv_dtype(name) -> str:
@@ -182,6 +184,22 @@ class PoolLayout:
     def num_buffers(self) -> int:
         return 3 * self.n_hca + 2 * self.n_mla + int(self.echo)
 
+    def hicache_staging_bytes(self, full: int, swa: int | None, ratio: float) -> int:
+        """Device bytes of SGLang's write-back staging buffers under HiCache's `page_first` host layout on CUDA:
+        each host pool (one per buffer kind, docs/kv-layout.md "HiCache") stages min(its host pages,
+        HICACHE_STAGING_PAGES) pages of every layer; built with the radix cache, after the KV pool. The
+        open-block state has no host pool."""
+        bufs = self.buffers(full, swa, 0) + (self.draft_buffers(full, swa) if self.echo else [])
+        full_pages = int(full // self.page_size * ratio)
+        swa_pages = full_pages if swa is None else int(swa // self.page_size * ratio)
+        total = 0
+        for b in bufs:
+            if b.name == "state" or b.geom is None:
+                continue
+            pages = swa_pages if b.name in ("window", "draft") else full_pages
+            total += min(pages, HICACHE_STAGING_PAGES) * b.geom.page_bytes
+        return total
+
     # ------------------------------------------------------------------ bytes per token (planner, logs)
     def _per_token(self, name: str) -> float:
         g = self.geoms[name]
@@ -256,6 +274,16 @@ def swa_tokens_for(full_tokens: int, swa_ratio: float, page_size: int) -> int:
     return int(full_tokens * swa_ratio) // page_size * page_size
 
 
+def swa_prefix_hit_floor(window: int, page_size: int) -> int:
+    """The smallest SWA pool (tokens) in which SGLang 0.5.23 admits a prefix hit on an idle server: its admission
+    (`mem_cache/prefill_budget.py`) needs free + evictable SWA rows, the hit's window pages pinned, strictly above
+    `estimate_swa_kv_tokens` of the one-page resume (tail past the window + the window + a page). A smaller pool
+    serves every request once and queues a repeated prompt until its client gives up."""
+    pages = lambda n: -(-n // page_size) * page_size  # noqa: E731
+    resume = max(page_size - window, 0) + window + page_size
+    return resume + pages(window) + page_size
+
+
 @dataclasses.dataclass(frozen=True)
 class SGLangSide:
     """What SGLang allocates on the device next to our pools, for a given pool size (kv_cache_configurator):
@@ -316,6 +344,17 @@ def fit_full_tokens(budget: int, cost, page_size: int) -> int:
     return lo
 
 
+def _hicache_staging_ratio() -> float | None:
+    """`--hicache-ratio` when the server runs HiCache with the `page_first` host layout (SGLang's default),
+    whose host pools keep a write-back staging buffer on the device; else None."""
+    from sglang.srt.runtime_context import get_memory
+
+    memory = get_memory()
+    if not memory.enable_hierarchical_cache or memory.hicache_mem_layout != "page_first":
+        return None
+    return float(memory.hicache_ratio)
+
+
 def _make_configurator():
     from sglang.srt.mem_cache.allocation_sizing import get_req_to_token_extra_context_len
     from sglang.srt.model_executor.pool_configurator import MemoryPoolConfig, MemoryPoolConfigurator
@@ -338,6 +377,8 @@ def _make_configurator():
             # the CUDA caching allocator's rounding, per buffer (none on CPU)
             self.rounding = ALLOC_ROUNDING if str(getattr(kvc, "device", "cpu")).startswith("cuda") else 0
             self.max_reqs = kvc.resolve_max_num_reqs  # SGLang's rule, from the pool's token count
+            # HiCache's page_first host pools stage write-backs on the device (CUDA only), after the KV pool
+            self.hicache_ratio = _hicache_staging_ratio() if self.rounding else None
             self.eager_per_token = eager_input_bytes_per_token()
             disagg = get_disagg()
             decode = disagg.disaggregation_mode == "decode" or getattr(disagg, "enable_pd_role_switch", False)
@@ -362,6 +403,11 @@ def _make_configurator():
                 # SGLang's eager runner sizes its static inputs to max(pool tokens, prefill chunk)
                 "eager_inputs": int(self.eager_per_token * max(full, max_prefill_buffer_tokens())),
                 "rounding": self.rounding * (self.layout.num_buffers() + 3),
+                "hicache_staging": (
+                    self.layout.hicache_staging_bytes(full, swa, self.hicache_ratio)
+                    if self.hicache_ratio
+                    else 0
+                ),
             }
 
         def _quiet_max_reqs(self, full: int) -> int:
@@ -398,6 +444,15 @@ def _make_configurator():
             if not self.hybrid:
                 return MemoryPoolConfig(max_total_num_tokens=full)
             self.validate_swa_pool_size(swa, self.sliding_window_size, page_size)
+            floor = swa_prefix_hit_floor(self.sliding_window_size or 0, page_size)
+            if swa < floor:
+                logger.warning(
+                    f"{SIZING_LOG} the SWA pool of {swa} tokens ({swa // page_size} pages) is below "
+                    f"{floor} ({floor // page_size} pages): SGLang never admits a prefix-cache hit into it, so a "
+                    "repeated prompt waits in the queue. Raise --swa-full-tokens-ratio (now "
+                    f"{self.swa_ratio}) or the pool (--max-total-tokens {full}, --mem-fraction-static) until "
+                    f"ratio x full tokens >= {floor}"
+                )
             return MemoryPoolConfig(
                 max_total_num_tokens=full, full_max_total_num_tokens=full, swa_max_total_num_tokens=swa
             )

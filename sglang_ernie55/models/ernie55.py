@@ -22,9 +22,11 @@ from sglang.srt.layers.layernorm import RMSNorm
 from sglang.srt.layers.logits_processor import LogitsProcessor
 from sglang.srt.layers.moe.fused_moe_triton import FusedMoE
 from sglang.srt.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
-from sglang.srt.runtime_context import get_parallel, get_spec
+from sglang.srt.runtime_context import get_device, get_parallel, get_spec
 from torch import nn
 
+from ..args.rules import parallel_layout_refusal
+from ..attention.cp import ffn_rows, is_split
 from ..checkpoint.fp8 import Fp8Pairs
 from ..checkpoint.spec import FORMAT_BF16, FORMAT_FP8, SCALE_SUFFIX, stored_tensors
 from ..configuration import LAYER_HCA, Ernie55Config, checkpoint_config
@@ -32,49 +34,27 @@ from ..layers.attention import Ernie55HCAAttention, Ernie55MLADSAAttention, Rope
 from ..layers.impl import check_layer_impl
 from ..layers.mhc import HyperConnection, HyperHead
 from ..layers.moe import Ernie55LatentMoE, Ernie55SwiGLU
+from ..profiling import forward_range
 
 
-def check_parallel_layout(par, a2a_backend: str = "none", speculative: bool = False) -> None:
-    """Refuse the parallel layouts this model has not run (docs/serving-design.md section 8): attention context
-    parallelism, attention DP other than at attention TP 1 with a TP-sharded LM head, without EP and without
-    ECHO, and any MoE all-to-all backend but `none`. `par`: SGLang's `get_parallel()`; `a2a_backend`: the
-    resolved --moe-a2a-backend; `speculative`: whether --speculative-algorithm is set."""
-    dp, cp = int(getattr(par, "attn_dp_size", 1) or 1), int(getattr(par, "attn_cp_size", 1) or 1)
-    tp = int(par.tp_size)
-    ep = int(getattr(par, "moe_ep_size", 1) or 1)
-    see = "See docs/serving-design.md section 8 (parallel layouts)."
-    if cp > 1:
-        raise NotImplementedError(
-            f"sglang-ernie55 does not implement attention context parallelism yet: got tp {tp}, --attn-dp-size "
-            f"{dp}, --attn-cp-size {cp}. Its attention has no prefill split across ranks (HCA's compressed blocks "
-            f"and the DSA top-k would miss the other ranks' keys). Serve without --attn-cp-size. {see}"
-        )
-    if dp > 1:
-        unrun = [
-            what
-            for what, on in (
-                (f"attention TP {tp // dp} (only attention TP 1, --attn-dp-size = --tp, has run)", tp != dp),
-                ("--enable-dp-lm-head", bool(getattr(par, "enable_dp_lm_head", False))),
-                (f"expert parallelism (--ep {ep})", ep > 1),
-                ("speculative decoding (ECHO)", speculative),
-            )
-            if on
-        ]
-        if unrun:
-            raise NotImplementedError(
-                f"sglang-ernie55 has not run attention data parallelism with {' and '.join(unrun)}: got tp {tp}, "
-                f"--attn-dp-size {dp}. It runs --tp {tp} --attn-dp-size {tp} without --enable-dp-lm-head, --ep "
-                f"and speculative decoding, or --tp {tp} without --attn-dp-size (legal when {tp} divides the 8 "
-                f"HCA output groups). {see}"
-            )
-    if a2a_backend != "none":
-        raise NotImplementedError(
-            f"sglang-ernie55 has not run the MoE all-to-all backend `--moe-a2a-backend {a2a_backend}` (expert "
-            f"parallel size {ep}): its latent MoE (latent_down before the experts, latent_up and the shared "
-            "expert after them) is checked only with SGLang's standard dispatch, where every rank keeps every "
-            f"token. Serve with --moe-a2a-backend none: --tp {tp} --ep {ep} then splits the routed experts "
-            f"over {ep} ranks the same way. {see}"
-        )
+def check_parallel_layout(
+    par, a2a_backend: str = "none", speculative: bool = False, device: str = "cuda"
+) -> None:
+    """Refuse the parallel layouts this model has not run (`args.rules.parallel_layout_refusal`). `par`:
+    SGLang's `get_parallel()`; `a2a_backend`: the resolved --moe-a2a-backend; `speculative`: whether
+    --speculative-algorithm is set; `device`: the server's --device."""
+    why = parallel_layout_refusal(
+        int(par.tp_size),
+        int(getattr(par, "attn_dp_size", 1) or 1),
+        int(getattr(par, "attn_cp_size", 1) or 1),
+        int(getattr(par, "moe_ep_size", 1) or 1),
+        bool(getattr(par, "enable_dp_lm_head", False)),
+        a2a_backend,
+        speculative,
+        device=device,
+    )
+    if why:
+        raise NotImplementedError(why)
 
 
 class Ernie55WeightError(ValueError):
@@ -100,6 +80,7 @@ class Ernie55DecoderLayer(nn.Module):
             self.mlp = Ernie55LatentMoE(config, layer_id, quant_config, f"{prefix}.mlp")
         else:
             self.mlp = Ernie55SwiGLU(H, config.intermediate_size, quant_config, f"{prefix}.mlp")
+        self.ffn_range = "moe" if config.is_moe_layer(layer_id) else "dense_ffn"  # forward_range names
         # Under attention DP each DP rank holds its own tokens, while the FFN is sharded over the whole TP group:
         # the FFN runs on every DP rank's rows, gathered before it and scattered back after it (the streams and
         # both mHC sites stay local), as SGLang's models with a TP-sharded MLP under DP attention do.
@@ -109,15 +90,27 @@ class Ernie55DecoderLayer(nn.Module):
         """R [T, n, H] fp32 streams -> R' (fp32). positions: [T], or the forward's `RopePositions` (the model
         builds it once for all layers; the ECHO draft passes the raw positions of its one layer)."""
         positions = self.rope[0].at(positions)
-        y, post, C = self.attn_hc.pre(R)
-        a = self.self_attn(norm_fp32(self.input_layernorm, y, dtype), positions, forward_batch)
-        R = self.attn_hc.post(a, R, post, C)
-        y, post, C = self.ffn_hc.pre(R)
-        f = self.ffn(norm_fp32(self.post_attention_layernorm, y, dtype), forward_batch)
-        return self.ffn_hc.post(f, R, post, C)
+        with forward_range("mhc"):
+            y, post, C = self.attn_hc.pre(R)
+        with forward_range("norm"):
+            x = norm_fp32(self.input_layernorm, y, dtype)
+        with forward_range(self.kind):
+            a = self.self_attn(x, positions, forward_batch)
+        with forward_range("mhc"):
+            R = self.attn_hc.post(a, R, post, C)
+            y, post, C = self.ffn_hc.pre(R)
+        with forward_range("norm"):
+            x = norm_fp32(self.post_attention_layernorm, y, dtype)
+        with forward_range(self.ffn_range):
+            f = self.ffn(x, forward_batch)
+        with forward_range("mhc"):
+            return self.ffn_hc.post(f, R, post, C)
 
     def ffn(self, x: torch.Tensor, forward_batch) -> torch.Tensor:
-        """The FFN of this rank's rows x [T, H]; under attention DP over every DP rank's rows."""
+        """The FFN of this rank's rows x [T, H]; under attention DP over every DP rank's rows, under a prefill-CP
+        split over every CP rank's rows (attention.cp.ffn_rows)."""
+        if is_split(forward_batch):
+            return ffn_rows(x, self.mlp)
         if not self.gather_ffn_tokens:
             return self.mlp(x)
         group = get_parallel().tp_group
@@ -153,13 +146,23 @@ class Ernie55Model(nn.Module):
         self.start_layer, self.end_layer = 0, config.num_hidden_layers
 
     def forward(self, input_ids, positions, forward_batch, input_embeds=None):
-        h = self.embed_tokens(input_ids) if input_embeds is None else input_embeds
-        dtype = h.dtype
-        R = h.float()[:, None, :].expand(-1, self.n, -1).contiguous()
-        rp = self.rope.at(positions)  # cos / sin of this forward's positions, once for every layer
+        with forward_range("embed"):
+            h = self.embed_tokens(input_ids) if input_embeds is None else input_embeds
+            dtype = h.dtype
+            R = h.float()[:, None, :].expand(-1, self.n, -1).contiguous()
+            rp = self.rope.at(positions)  # cos / sin of this forward's positions, once for every layer
         for layer in self.layers:
             R = layer(rp, R, forward_batch, dtype)
-        hidden = norm_fp32(self.norm, self.hc_head(R), dtype)
+        with forward_range("mhc"):
+            y = self.hc_head(R)
+        with forward_range("norm"):
+            hidden = norm_fp32(self.norm, y, dtype)
+        if is_split(forward_batch):
+            # SGLang's prefill-CP runner calls this body on the rank's rows, all-gathers every tensor it returns
+            # and hands a second one to the logits processor as hidden_states_before_norm: the streams only
+            # when they are captured, so that a plain split prefill gathers [T, H], not also [T, n, H] fp32
+            captured = Ernie5_5_MoeForCausalLM.captured_streams(R, hidden, forward_batch)
+            return hidden if captured is None else (hidden, captured)
         return hidden, R
 
 
@@ -182,7 +185,11 @@ class Ernie5_5_MoeForCausalLM(nn.Module):
             get_parallel(),
             str(get_moe_a2a_backend().value),
             bool(getattr(get_spec(), "speculative_algorithm", None)),
+            device=str(get_device().device or ""),
         )
+        self.pp_group = (
+            get_pp_group()
+        )  # SGLang's prefill-CP runner asks the model whether it is the last stage
         self.config = config
         self.quant_config = quant_config
         # SGLang's checkpoint-name -> FusedMoE parameter table (`experts.{e}.gate_proj.` -> `experts.w13_`,
@@ -218,18 +225,23 @@ class Ernie5_5_MoeForCausalLM(nn.Module):
     def get_embed_and_head(self):
         return self.model.embed_tokens.weight, self.lm_head.weight
 
+    def get_input_embeddings(self) -> nn.Module:
+        """SGLang's prefill-CP runner embeds the whole batch with it, then hands each rank its rows."""
+        return self.model.embed_tokens
+
     @torch.no_grad()
     def forward(
         self, input_ids, positions, forward_batch, input_embeds=None, pp_proxy_tensors=None, **kwargs
     ):
         hidden, streams = self.model(input_ids, positions, forward_batch, input_embeds)
-        return self.logits_processor(
-            input_ids,
-            hidden,
-            self.lm_head,
-            forward_batch,
-            hidden_states_before_norm=self.captured_streams(streams, hidden, forward_batch),
-        )
+        with forward_range("lm_head"):
+            return self.logits_processor(
+                input_ids,
+                hidden,
+                self.lm_head,
+                forward_batch,
+                hidden_states_before_norm=self.captured_streams(streams, hidden, forward_batch),
+            )
 
     @staticmethod
     def captured_streams(streams: torch.Tensor, hidden: torch.Tensor, forward_batch) -> torch.Tensor | None:

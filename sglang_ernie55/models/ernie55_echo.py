@@ -34,7 +34,8 @@ _dumps = itertools.count()
 
 
 def _dump(input_ids, positions, fb, hidden, R) -> None:
-    if not fb.forward_mode.is_extend() or fb.forward_mode.is_target_verify():
+    """The draft's extends (over a prompt, and over the accepted tokens after each verify), for tests."""
+    if not fb.forward_mode.is_extend(include_draft_extend_v2=True) or fb.forward_mode.is_target_verify():
         return
     if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
         return

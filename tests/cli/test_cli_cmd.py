@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shlex
 
+from sglang_ernie55.args.rules import parallel_layout_refusal
 from sglang_ernie55.deploy.cells import load_cells
 
 
@@ -44,8 +45,8 @@ def test_multi_node_fills_node_flags(cli):
         "--dist-init-addr",
         "10.1.2.3:5000",
     )
-    assert rc == 1  # no layout of this cell runs in this version: its recipe is printed as comments
-    cmds = [shlex.split(ln.split(": ", 1)[1]) for ln in out.splitlines() if "recipe (refused" in ln]
+    assert rc == 0, err
+    cmds = [shlex.split(ln) for ln in out.splitlines() if ln.startswith("sglang serve")]
     assert len(cmds) == 2
     for rank, argv in enumerate(cmds):
         i = argv.index("--nnodes")
@@ -130,22 +131,46 @@ def test_list_and_help(cli):
     assert rc == 0 and "Multi-node cells" in out and "--dist-init-addr" in out
 
 
-def test_attention_dp_recipes_print_the_layout_that_runs(cli):
-    """A recipe with attention DP (refused when the model is built, docs/serving-design.md section 8): the printed
-    block says so in comment lines and its commands are the nearest layout that runs (the same flags without
-    --attn-dp-size); a copied or piped block keeps the explanation."""
+def test_attention_dp_recipes_print_as_they_are(cli):
+    """Attention DP builds at attention TP 1 and above (docs/serving-design.md section 8), so its recipes are
+    printed as they are, with no refusal note: H200 BF16 at attention TP 1, H100 BF16 at attention TP 8 (two
+    nodes, one command each)."""
     rc, out, err = cli("cmd", "--hardware", "h200", "--precision", "bf16", "--strategy", "high-throughput")
     assert rc == 0, err
+    assert "NOT YET SUPPORTED" not in out and "refused" not in out + err
+    bare, docker = [ln for ln in out.splitlines() if ln and not ln.startswith("#")]
+    argv = shlex.split(bare)
+    assert argv[argv.index("--tp-size") + 1] == "8" and argv[argv.index("--attn-dp-size") + 1] == "8"
+    assert docker.endswith(bare)
+    for strategy in ("balanced", "high-throughput"):
+        rc, out, err = cli(
+            "cmd", "--hardware", "h100", "--precision", "bf16", "--strategy", strategy, "--no-docker"
+        )
+        assert rc == 0 and "NOT YET SUPPORTED" not in out and "refused" not in out + err, (strategy, out)
+        for argv in [shlex.split(ln) for ln in out.splitlines() if ln.startswith("sglang serve")]:
+            assert argv[argv.index("--tp-size") + 1] == "16" and argv[argv.index("--attn-dp-size") + 1] == "2"
+
+
+def test_refused_recipes_print_the_layout_that_runs(cli, dp_with_ep):
+    """A recipe the model refuses (attention DP with EP): the printed block says why in comment lines, and its
+    commands are the nearest layout that runs (the same flags without --attn-dp-size); a copied or piped block
+    keeps the explanation."""
+    rc, out, err = cli("cmd", "--hardware", "h200", "--precision", "fp8", "--strategy", "high-throughput")
+    assert rc == 0, err
     notes = [ln for ln in out.splitlines() if ln.startswith("#")]
-    assert any("NOT YET SUPPORTED" in ln and "--attn-dp-size 8" in ln for ln in notes)
+    assert any(
+        "NOT YET SUPPORTED" in ln and "expert parallelism (--ep 8)" in ln and "--attn-dp-size 4" in ln
+        for ln in notes
+    )
     assert any("nearest layout that runs" in ln and "(attention TP 8" in ln for ln in notes)
-    assert any("recipe (refused by this version)" in ln and "--attn-dp-size 8" in ln for ln in notes)
+    assert any("recipe (refused by this version)" in ln and "--attn-dp-size 4" in ln for ln in notes)
     bare, docker = [ln for ln in out.splitlines() if ln and not ln.startswith("#")]
     argv = shlex.split(bare)
     assert "--attn-dp-size" not in argv and argv[argv.index("--tp-size") + 1] == "8"
+    assert argv[argv.index("--ep-size") + 1] == "8"
     assert docker.endswith(bare) and "nearest layout" in err
     rc, out, _ = cli(
-        "cmd", "--hardware", "h200", "--precision", "bf16", "--strategy", "high-throughput", "--json"
+        "cmd", "--hardware", "h200", "--precision", "fp8", "--strategy", "high-throughput", "--json"
     )
     d = json.loads(out)
     assert rc == 0 and d["layout_supported"] is False
@@ -155,17 +180,18 @@ def test_attention_dp_recipes_print_the_layout_that_runs(cli):
     )
 
 
-def test_cells_without_a_layout_that_runs_print_no_command(cli):
-    rc, out, err = cli("cmd", "--hardware", "h100", "--precision", "bf16", "--strategy", "balanced")
+def test_cells_without_a_layout_that_runs_print_no_command(cli, no_layout_runs):
+    argv = ("cmd", "--hardware", "h100", "--precision", "bf16", "--strategy", "high-throughput")
+    rc, out, err = cli(*argv)
     assert rc == 1 and all(ln.startswith("#") for ln in out.splitlines() if ln)
-    assert "does not divide the 8 HCA output groups: no layout" in out and "no command printed" in err
-    rc, out, _ = cli("cmd", "--hardware", "h100", "--precision", "bf16", "--json")
+    assert "attention TP 8" in out and "No layout of this cell runs" in out and "no command printed" in err
+    rc, out, _ = cli(*argv, "--json")
     assert rc == 1 and json.loads(out)["commands"] == []
 
 
 def test_every_printed_command_runs_in_this_version(cli):
-    """No cell prints a layout the model refuses: the bare commands carry no attention DP / CP, and the attention
-    TP of each divides the HCA output groups."""
+    """No cell prints a layout the model refuses (`parallel_layout_refusal`, what the model checks when it is
+    built), and the attention TP of each divides the HCA output groups."""
     for cell in load_cells().values():
         rc, out, _ = cli(
             "cmd",
@@ -181,7 +207,12 @@ def test_every_printed_command_runs_in_this_version(cli):
         runnable = cell.runnable()
         assert (rc == 0 and commands) if runnable else (rc == 1 and not commands), cell.name
         for argv in commands:
-            assert "--attn-dp-size" not in argv and "--attn-cp-size" not in argv, cell.name
-            assert 8 % int(argv[argv.index("--tp-size") + 1]) == 0, cell.name
-        dp, cp = cell.int_flag("attn-dp-size"), cell.int_flag("attn-cp-size")
-        assert (cell.unimplemented_layout() is not None) == (dp > 1 or cp > 1), cell.name
+            # every printed command is a layout the model builds
+            def value(flag, d=1, argv=argv):
+                return int(argv[argv.index(flag) + 1]) if flag in argv else d
+
+            tp, dp = value("--tp-size"), value("--attn-dp-size")
+            spec = "--speculative-algorithm" in argv
+            assert parallel_layout_refusal(tp, dp, value("--attn-cp-size"), speculative=spec) is None, argv
+            assert 8 % (tp // dp) == 0, cell.name
+        assert (cell.unimplemented_layout() is None) == (cell.layout_refusal() is None), cell.name

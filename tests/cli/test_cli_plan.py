@@ -184,17 +184,29 @@ def test_plan_cli_cell(cli):
     assert "MLA-DSA x6" in out and "656 B" in out and "HCA     x37" in out
 
 
-def test_plan_agrees_with_cmd_on_refused_layouts(cli):
-    """A recipe with attention DP is not planned as FITS: plan plans what `cmd` prints (the same flags without
-    --attn-dp-size), saying so; a cell with no layout that runs is NOT SERVED BY THIS VERSION, exit 1."""
-    rc, out, err = cli("plan", "--hardware", "h200", "--precision", "bf16", "--strategy", "high-throughput")
+def test_plan_agrees_with_cmd_on_refused_layouts(cli, dp_with_ep):
+    """A recipe the model refuses is not planned as FITS: plan plans what `cmd` prints (the same flags without
+    --attn-dp-size), saying so; attention DP (at attention TP 1 and 8) is planned as it is."""
+    rc, out, err = cli("plan", "--hardware", "h200", "--precision", "fp8", "--strategy", "high-throughput")
     assert rc == 0, err
-    assert out.startswith("note: this version refuses the recipe's --attn-dp-size 8")
+    first = out.splitlines()[0]
+    assert (
+        out.startswith("note: this version refuses the recipe: ") and "expert parallelism (--ep 8)" in first
+    )
     assert "tp 8 (attention TP 8)" in out and "attention DP" not in out.splitlines()[2]
     assert "verdict: FITS" in out
+    rc, out, err = cli("plan", "--hardware", "h200", "--precision", "bf16", "--strategy", "high-throughput")
+    assert rc == 0 and not out.startswith("note:") and "attention DP 8" in out and "verdict: FITS" in out, out
     rc, out, _ = cli("plan", "--hardware", "h100", "--precision", "bf16", "--strategy", "high-throughput")
+    assert rc == 0 and not out.startswith("note:") and "attention DP 2" in out and "verdict: FITS" in out, out
+
+
+def test_plan_of_a_cell_with_no_layout_that_runs(cli, no_layout_runs):
+    """A cell with no layout that runs is NOT SERVED BY THIS VERSION, exit 1."""
+    argv = ("plan", "--hardware", "h100", "--precision", "bf16", "--strategy", "high-throughput")
+    rc, out, _ = cli(*argv)
     assert rc == 1 and "verdict: NOT SERVED BY THIS VERSION" in out and "verdict: FITS" not in out
-    rc, out, _ = cli("plan", "--hardware", "h100", "--precision", "bf16", "--json")
+    rc, out, _ = cli(*argv, "--json")
     d = json.loads(out)
     assert rc == 1 and d["servable"] is False and "--attn-dp-size 2" in d["refused"]
 

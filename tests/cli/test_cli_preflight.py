@@ -207,21 +207,30 @@ def test_without_sglang_every_check_still_reports(monkeypatch):
     assert c["gpu model"].status == "ok" and c["gpu count"].status == "fail"  # 1 of the 4 the cell needs
 
 
-def test_cell_recipe_with_attention_dp_is_a_layout_warning_or_failure(monkeypatch):
-    """A cell whose recipe uses attention DP (refused when the model is built) warns in `layout`, naming the layout
-    that runs and that `cmd` prints it; it fails when no layout of the cell runs; a cell without it has no
+def test_cell_recipe_the_model_refuses_is_a_layout_warning(monkeypatch, dp_with_ep):
+    """A cell whose recipe the model refuses when it is built warns in `layout`, naming the layout that runs and
+    that `cmd` prints it; a cell whose recipe builds (attention DP at attention TP 1 and 8 included) has no
     `layout` line."""
     monkeypatch.setattr(P, "_visible_gpus", lambda: ([], None))
     c = by_name(P.run_checks(args(hardware="h200", precision="fp8", strategy="high-throughput")))
     assert c["layout"].status == "warn" and "--attn-dp-size 4" in c["layout"].detail
-    assert "without --attn-dp-size (attention TP 4)" in c["layout"].detail and "cmd" in c["layout"].detail
+    assert "without --attn-dp-size (attention TP 8)" in c["layout"].detail and "cmd" in c["layout"].detail
+    for hardware, strategy in (
+        ("h200", "low-latency"),
+        ("h200", "high-throughput"),
+        ("h100", "high-throughput"),
+    ):
+        c = by_name(P.run_checks(args(hardware=hardware, precision="bf16", strategy=strategy)))
+        assert "layout" not in c, (hardware, strategy)
+
+
+def test_cell_with_no_layout_that_runs_fails_layout(monkeypatch, no_layout_runs):
+    monkeypatch.setattr(P, "_visible_gpus", lambda: ([], None))
     c = by_name(P.run_checks(args(hardware="h100", precision="bf16", strategy="high-throughput")))
     assert c["layout"].status == "fail" and "no layout" in c["layout"].detail
-    c = by_name(P.run_checks(args(hardware="h200", precision="fp8", strategy="low-latency")))
-    assert "layout" not in c
 
 
-def test_verdict_matches_the_findings(cli, monkeypatch):
+def test_verdict_matches_the_findings(cli, monkeypatch, dp_with_ep):
     """The last stdout line is the verdict and agrees with the exit status; progress goes to stderr."""
     monkeypatch.setattr(P, "_visible_gpus", lambda: ([], None))
     rc, out, err = cli("preflight", "--no-server")
@@ -235,5 +244,14 @@ def test_verdict_matches_the_findings(cli, monkeypatch):
     )
     rc, out, _ = cli("preflight", "--no-server", "--hardware", "h200")
     assert rc == 0 and out.splitlines()[-1] == "preflight: ok"
-    rc, out, _ = cli("preflight", "--no-server", "--hardware", "h200", "--strategy", "high-throughput")
+    monkeypatch.setattr(
+        P,
+        "_visible_gpus",
+        lambda: ([{"index": i, "name": "NVIDIA H200", "memory_gb": 150.8} for i in range(8)], None),
+    )
+    argv = ("--hardware", "h200", "--precision", "bf16", "--strategy", "high-throughput")
+    rc, out, _ = cli("preflight", "--no-server", *argv)
+    assert rc == 0 and out.splitlines()[-1] == "preflight: ok"  # attention DP at attention TP 1 builds
+    argv = ("--hardware", "h200", "--precision", "fp8", "--strategy", "high-throughput")
+    rc, out, _ = cli("preflight", "--no-server", *argv)  # attention DP with EP: refused, --tp 8 --ep 8 runs
     assert rc == 0 and out.splitlines()[-1] == "preflight: ok, with warnings (layout)"

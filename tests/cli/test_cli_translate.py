@@ -145,6 +145,15 @@ def test_row_parallel():
     f = flags(t)
     assert (f["--tp-size"], f["--attn-dp-size"], f["--ep-size"]) == ("8", "2", "8")
     assert "--data-parallel-size" not in t.argv and "attention TP 4" in notes(t)
+    # attention DP at attention TP 4 with EP: translated as vLLM meant it, refused as this version refuses it
+    assert any("refuses when it loads the model" in e and "attention TP 4" in e for e in t.errors)
+    t = tr(f"vllm serve {BASE} -tp 1 -dp 4")
+    assert not t.errors and flags(t)["--attn-dp-size"] == "4"  # attention DP at attention TP 1 runs
+    t = tr(f"vllm serve {BASE} -tp 4 --enable-expert-parallel --all2all-backend deepep_low_latency")
+    assert flags(t)["--moe-a2a-backend"] == "deepep" and any(
+        "--moe-a2a-backend deepep" in e for e in t.errors
+    )
+    assert "does not run DeepEP yet" in notes(t)
     assert flags(tr(f"vllm serve {BASE} --tensor-parallel-size 8"))["--tp-size"] == "8"
     bad = tr(f"vllm serve {BASE} --tensor-parallel-size 16")
     assert any("divide 8" in e for e in bad.errors)
@@ -216,12 +225,13 @@ FULL_EXAMPLE = (
 )
 LEGAL = [
     FULL_EXAMPLE,
-    f"vllm serve {BASE} -tp 4 -dp 2 --enable-expert-parallel --max-model-len 131072",
+    f"vllm serve {BASE} -tp 1 -dp 8 --max-model-len 131072",
     f"vllm serve {BASE} -tp 8 --kv-cache-dtype auto --enforce-eager --no-enable-prefix-caching",
     f"""vllm serve {BASE} -tp 4 --kv-transfer-config '{{"kv_connector":"SimpleCPUOffloadConnector","kv_role":"kv_both"}}'""",
     f"""vllm serve {BASE} -tp 4 --kv-transfer-config '{{"kv_connector":"MooncakeConnector","kv_role":"kv_producer"}}'""",
+    f"vllm serve {BASE} -tp 8 --enable-expert-parallel",
 ]
-LEGAL_IDS = ["cookbook-low-latency", "dp-ep", "auto-eager", "cpu-offload", "pd-prefill"]
+LEGAL_IDS = ["cookbook-low-latency", "dp", "auto-eager", "cpu-offload", "pd-prefill", "ep"]
 
 
 @pytest.mark.parametrize("cmd", LEGAL, ids=LEGAL_IDS)

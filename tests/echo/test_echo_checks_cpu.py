@@ -140,3 +140,19 @@ def test_draft_logits_off_fails(setup, tmp_path):
     dump = _dump(tmp_path, cfg, ref, prompts, streams, hidden_damage=lambda k, h: off(k, h) if k == 1 else h)
     with pytest.raises(AssertionError, match="draft logits differ"):
         echo_checks.check_draft_dumps(path, dump, cfg, "cpu", prompts, min_requests=len(prompts))
+
+
+def test_draft_near_tie_is_counted_not_passed_silently(setup, tmp_path, monkeypatch):
+    """A differing draft row whose own top-k call is a near-tie is counted; with a clear margin it fails."""
+    cfg, path, ref, prompts, streams, _ = setup
+
+    def off(k, h):
+        h[5] = h[6]
+        return h
+
+    dump = _dump(tmp_path, cfg, ref, prompts, streams, hidden_damage=lambda k, h: off(k, h) if k == 1 else h)
+    monkeypatch.setattr(
+        echo_checks.th, "draft_row_margins", lambda ref, s, ids: torch.full((len(ids),), 1e-5)
+    )
+    got = echo_checks.check_draft_dumps(path, dump, cfg, "cpu", prompts, min_requests=len(prompts))
+    assert [d["first_row"] for d in got["draft_near_tie"]] == [5]

@@ -33,8 +33,11 @@ import pytest
 from sglang_ernie55.configuration import tiny_config  # noqa: E402
 from tests.echo import echo_checks
 from tests.serving import server_harness as sh
+from tests.shim_lib.ernie55_shim_lib import shim_pythonpath
 
 SHIM = Path(__file__).resolve().parent / "cpu_spec_shim"
+# both CPU shims (this one and tests/serving/cpu_tp_shim) for a server of several ranks
+TP_SHIM = Path(__file__).resolve().parent / "cpu_spec_tp_shim"
 NEW_TOKENS = 10
 FLAGS = sh.cpu_flags(
     context_length=2048,
@@ -59,31 +62,38 @@ def _spec(steps: int) -> tuple[str, ...]:
     )
 
 
-def _serve(path, steps: int, name: str, dump: Path, monkeypatch):
+def _serve(path, steps: int, name: str, dump: Path, monkeypatch, layout: tuple[str, ...] = ()):
+    """layout: parallel flags (`--tp 2 --attn-dp-size 2`): two ranks, one core each, both CPU shims."""
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(SHIM), os.environ.get("PYTHONPATH", "")]))
+    shim = TP_SHIM if layout else SHIM
+    monkeypatch.setenv("PYTHONPATH", shim_pythonpath(shim))
     monkeypatch.setenv("SGLANG_ERNIE55_ECHO_DUMP_DIR", str(dump))
-    return sh.Server(path, *FLAGS, *_spec(steps), log_name=name, timeout=900)
+    if layout:
+        monkeypatch.setenv("SGLANG_CPU_OMP_THREADS_BIND", "0|1" if (os.cpu_count() or 1) >= 2 else "0|0")
+    return sh.Server(path, *FLAGS, *_spec(steps), *layout, log_name=name, timeout=900)
 
 
-def _run(path, steps, name, tmp_path, monkeypatch, lengths):
+def _run(path, steps, name, tmp_path, monkeypatch, lengths, layout: tuple[str, ...] = ()):
     cfg = tiny_config()
     prompts = sh.make_prompts(cfg.vocab_size, cfg.bos_token_id, lengths=(*lengths, 1000), seed=1)[
         : len(lengths)
     ]
     dump = tmp_path / "dump"
     dump.mkdir()
-    server = _serve(path, steps, name, dump, monkeypatch)
+    server = _serve(path, steps, name, dump, monkeypatch, layout)
     try:
         outs = [echo_checks.generate(server, p, NEW_TOKENS) for p in prompts]
         log = server.log_path.read_text(errors="replace")
     finally:
         server.stop()
     assert "ECHO draft attached:" in log
+    if layout:
+        assert "'enable_dp_attention': True," in log and "DP1" in log, "the server did not run attention DP"
     assert "ERNIE-5.5 pool sizing: mode=hybrid-swa" in log  # window rows (target and draft) in the SWA pool
     _, ref = sh.load_reference(path, "cpu")
     with sh.kv_rounded_reference():
         s = sh.score(ref, prompts, outs, "cpu")
+    print(f"\n[{name}, startup {server.startup_s:.0f}s] {s.summary()}")
     assert s.top1 == s.positions, (s.summary(), s.mismatches)
     assert s.max_lp_err <= 0.02, s.summary()
     stats = echo_checks.check_draft_dumps(path, dump, cfg, "cpu", prompts, min_requests=len(prompts))
@@ -116,3 +126,19 @@ def test_cpu_eagle_server_echo_exact_accepts_every_draft(tmp_path, monkeypatch):
     metas, _ = _run(path, 2, "cpu-echo-exact-s2", tmp_path, monkeypatch, (19, 126, 254))
     assert all(m["spec_num_correct_drafts"] == m["spec_num_proposed_drafts"] for m in metas), metas
     assert all(m["spec_verify_ct"] == -(-(NEW_TOKENS - 1) // 3) for m in metas), metas
+
+
+@pytest.mark.slow
+def test_cpu_eagle_server_attn_dp2_matches_reference(tmp_path, monkeypatch):
+    """ECHO (2 draft steps) under attention DP 2 (`--tp 2 --attn-dp-size 2`, attention TP 1), random weights: the
+    requests go one at a time, each to one DP rank, so every draft-extend, draft decode and verify of the busy rank
+    meets the other rank's IDLE forward in the FFN gathers (the shared last layer's too); the target streams the
+    draft reads stay per rank. Greedy tokens = the reference's, and the draft path's dumps (one per DP rank)
+    match the reference."""
+    from sglang_ernie55.checkpoint.tiny import make_checkpoint
+
+    path = make_checkpoint(tmp_path / "bf16", dtype="bf16", seed=0)
+    # SGLang gives each DP rank chunked-prefill-size / attn-dp-size, a multiple of the 256 page: 512 (the later
+    # flag of the two wins)
+    layout = ("--tp", "2", "--attn-dp-size", "2", "--chunked-prefill-size", "512")
+    _run(path, 2, "cpu-echo-random-s2-dp2", tmp_path, monkeypatch, (19, 125, 250), layout)

@@ -45,6 +45,7 @@ def _unpatch(target: str) -> None:
     server every hook is registered before the one apply_hooks() of plugin loading."""
     import pkgutil
 
+    from sglang.srt.plugins import hook_registry
     from sglang.srt.plugins.hook_registry import HookRegistry
 
     if target not in HookRegistry._patched:
@@ -53,7 +54,8 @@ def _unpatch(target: str) -> None:
     obj = pkgutil.resolve_name(obj_path)
     fn = obj.__dict__[attr] if isinstance(obj, type) else getattr(obj, attr)
     raw = fn.__func__ if isinstance(fn, (classmethod, staticmethod)) else fn
-    while hasattr(raw, "__wrapped__"):
+    # peel HookRegistry's wrappers only: SGLang's own decorators (functools.lru_cache) also set __wrapped__
+    while getattr(getattr(raw, "__code__", None), "co_filename", None) == hook_registry.__file__:
         raw = raw.__wrapped__
     setattr(obj, attr, type(fn)(raw) if isinstance(fn, (classmethod, staticmethod)) else raw)
     HookRegistry._patched.discard(target)

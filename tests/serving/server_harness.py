@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -33,10 +34,22 @@ def mem_fraction(default: str) -> str:
     return os.environ.get("SERVING_MEM_FRACTION", default)
 
 
+_GIVEN_PORTS: set[int] = set()
+_PORT_LOCK = threading.Lock()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free loopback port that this process has not handed out before: servers started at once (a PD pair's
+    two threads) bind theirs only minutes later, and the kernel may give two quick `bind(0)` calls the same port
+    (measured: a prefill and a decode server both given one port, the first one up answering for both)."""
+    with _PORT_LOCK:
+        while True:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+            if port not in _GIVEN_PORTS:
+                _GIVEN_PORTS.add(port)
+                return port
 
 
 def cpu_flags(**flags) -> list[str]:
@@ -65,6 +78,41 @@ def make_prompts(vocab: int, bos: int, lengths=PROMPT_LENGTHS, seed: int = 0) ->
     return out
 
 
+def reap_group(pgid: int, timeout: float = 30) -> None:
+    """SIGKILL every process left in process group `pgid` and wait until none is (zombies aside)."""
+    t0 = time.time()
+    while True:
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except ProcessLookupError:
+            return
+        except PermissionError:
+            return
+        if time.time() - t0 > timeout:
+            raise RuntimeError(f"processes of group {pgid} survive SIGKILL for {timeout}s")
+        time.sleep(0.2)
+        if not _group_alive(pgid):
+            return
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether a live (non-zombie) process of group `pgid` remains (/proc; True where /proc is absent)."""
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return True
+    for d in proc.iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        # fields after the command: state, ppid, pgrp, ...
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            return True
+    return False
+
+
 class Server:
     def __init__(
         self,
@@ -75,10 +123,14 @@ class Server:
         timeout: float = 600,
         env: dict | None = None,
         cli: bool = False,
+        ready_path: str = "/health_generate",
+        port: int | None = None,
     ):
         """env: extra environment variables of the server process (e.g. SGLANG_ERNIE55_ATTN_IMPL); cli: start it
-        as the user types it, `sglang serve` (where that launcher is on PATH)."""
-        self.port = free_port()
+        as the user types it, `sglang serve` (where that launcher is on PATH); ready_path: the endpoint whose 200
+        means ready (a PD server generates only with its peer: `/health`); port: the HTTP port (default: a free
+        one; a restarted server takes its predecessor's, where a router knows it)."""
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         log_dir = Path(os.environ.get("SERVING_LOG_DIR") or tempfile.mkdtemp())
         log_dir.mkdir(parents=True, exist_ok=True)
@@ -113,6 +165,7 @@ class Server:
         t0 = time.time()
         while True:
             if self.proc.poll() is not None:
+                self._reap()
                 raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.tail()}")
             try:
                 r = requests.get(self.url + "/v1/models", timeout=5)
@@ -128,9 +181,10 @@ class Server:
         # /v1/models answers before the warm-up request finishes; wait for the first real generation
         while time.time() - t0 < timeout:
             if self.proc.poll() is not None:  # the warm-up request crashed it
+                self._reap()
                 raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.tail()}")
             try:
-                if requests.get(self.url + "/health_generate", timeout=60).status_code == 200:
+                if requests.get(self.url + ready_path, timeout=60).status_code == 200:
                     break
             except requests.RequestException:
                 pass
@@ -156,6 +210,15 @@ class Server:
         except OSError:
             return ""
 
+    def kill(self) -> None:
+        """SIGKILL to the server's process group (HTTP server, scheduler, detokenizer): a machine that dies, no
+        shutdown path runs."""
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(30)
+        self._reap()
+        self._log.close()
+
     def stop(self) -> None:
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGTERM)  # the server's own process group (started above)
@@ -164,7 +227,13 @@ class Server:
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(30)
+        self._reap()
         self._log.close()
+
+    def _reap(self) -> None:
+        """SIGKILL whatever of the server's process group outlived its launcher (a scheduler or DP rank after the
+        launcher exited or was killed): left running, it would hold cores and memory through every later test."""
+        reap_group(self.proc.pid)
 
     def complete(self, prompt: list[int], max_tokens: int) -> dict:
         body = dict(

@@ -45,6 +45,7 @@ import pytest
 
 from tests.serving import geometries as G
 from tests.serving import server_harness as sh
+from tests.shim_lib.ernie55_shim_lib import shim_pythonpath
 
 pytestmark = [pytest.mark.slow]
 
@@ -78,7 +79,7 @@ def _serve(v: G.Variant, path: str) -> dict:
     prompts = G.prompts(cfg)
     env = {}
     if v.name == DEFAULT_MEMORY_VARIANT:
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SHIM), os.environ.get("PYTHONPATH")) if p)
+        env["PYTHONPATH"] = shim_pythonpath(SHIM)
     t0 = time.time()
     free_before = _available_bytes()
     server = sh.Server(path, *server_flags(v), log_name=f"geometry-cpu-{v.name}", timeout=600, env=env)

@@ -58,6 +58,20 @@ def test_kernel_path_verify_equals_twin(kv):
     assert set(rep["steps"]) == {"verify_cross_block", "verify_after_reject", "verify_graph_padded"}
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("kv", ["bfloat16", "fp8_e4m3"])
+def test_zero_token_extend_changes_nothing(kv):
+    """An EXTEND batch in which a request brings no new token (its prefix mid-block, at a block boundary, past
+    index_topk; between, before and after live requests): the twin and the kernel path give the outputs and
+    the pool of the same batch without it; a batch of no tokens returns zero rows and writes nothing."""
+    rep = _run("backend_zero_extend", kv, "cpu", "tiny", "triton")
+    assert set(rep["steps"]) == {"zero_between", "zero_first_and_last", "all_zero"}
+    for tag in ("zero_between", "zero_first_and_last"):
+        assert set(rep["steps"][tag]) == {"triton", "twin_vs_without", "triton_vs_without"}, rep["steps"][tag]
+    assert set(rep["steps"]["all_zero"]) == {"twin", "triton"}
+    print(json.dumps(rep))
+
+
 BACKEND_STEPS = {
     "mixed_extend",
     "short_prefill",

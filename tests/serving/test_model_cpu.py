@@ -351,7 +351,8 @@ def test_model_with_layers_on_kernels_equals_reference():
 
 def test_unimplemented_parallel_layouts_are_refused():
     """The layouts the model has not run are refused when it is built, each naming what runs instead: attention
-    CP, attention DP beyond attention TP 1 / with a DP LM head / EP / ECHO, MoE all-to-all backends."""
+    CP, attention DP with EP, MoE all-to-all backends. Attention DP builds at attention TP 1 and 2 (and above),
+    with a DP LM head and with ECHO (tests/serving/test_server_tp_cpu.py, tests/echo/test_echo_server_cpu.py)."""
     from types import SimpleNamespace
 
     from sglang_ernie55.models.ernie55 import check_parallel_layout
@@ -363,20 +364,55 @@ def test_unimplemented_parallel_layouts_are_refused():
 
     check_parallel_layout(par())  # plain TP
     check_parallel_layout(par(dp=4))  # attention DP at attention TP 1
+    check_parallel_layout(par(dp=2))  # attention DP at attention TP 2
+    check_parallel_layout(par(dp=4, dp_head=True))  # the DP LM head, at attention TP 1
+    check_parallel_layout(par(dp=2, dp_head=True))  # and at attention TP 2
+    check_parallel_layout(par(dp=4), speculative=True)  # ECHO under attention DP at attention TP 1
     check_parallel_layout(par(ep=4), "none")  # EP with SGLang's standard dispatch
     for p in (par(cp=2), par(dp=2, cp=2)):
         with pytest.raises(NotImplementedError, match="context parallelism.*--attn-cp-size 2"):
             check_parallel_layout(p)
-    for p, what in (
-        (par(dp=2), "attention TP 2"),
-        (par(dp=4, dp_head=True), "--enable-dp-lm-head"),
-        (par(dp=4, ep=4), r"expert parallelism \(--ep 4\)"),
+    for p, spec, what in (
+        (par(dp=4, ep=4), False, r"expert parallelism \(--ep 4\)"),
+        (par(dp=2), True, r"speculative decoding \(ECHO\) at attention TP 2"),
+        (par(dp=2, ep=4, dp_head=True), True, r"expert parallelism \(--ep 4\) and speculative decoding"),
     ):
-        with pytest.raises(NotImplementedError, match=f"with {what}.*--tp 4 --attn-dp-size 4"):
-            check_parallel_layout(p)
-    with pytest.raises(NotImplementedError, match="ECHO"):
-        check_parallel_layout(par(dp=4), speculative=True)
+        with pytest.raises(
+            NotImplementedError,
+            match=rf"with {what}.*--tp 4 --attn-dp-size {p.attn_dp_size} without --ep and speculative decoding.*"
+            r"ECHO at --tp 4 --attn-dp-size 4",
+        ):
+            check_parallel_layout(p, speculative=spec)
     with pytest.raises(
         NotImplementedError, match="a2a-backend deepep.*--moe-a2a-backend none: --tp 4 --ep 4"
     ):
         check_parallel_layout(par(ep=4), "deepep")
+
+
+def test_attention_cp_runs_only_where_it_has_run():
+    """Attention CP (SGLang's prefill split) builds at attention TP 1 on CPU without attention DP, EP and ECHO
+    (what tests/serving/test_server_tp_cpu.py serves); every other CP layout is refused naming what is missing
+    and the layout that runs (docs/serving-design.md section 8.2)."""
+    from types import SimpleNamespace
+
+    from sglang_ernie55.models.ernie55 import check_parallel_layout
+
+    def par(tp=2, dp=1, cp=2, ep=1):
+        return SimpleNamespace(
+            tp_size=tp, attn_dp_size=dp, attn_cp_size=cp, moe_ep_size=ep, enable_dp_lm_head=False
+        )
+
+    check_parallel_layout(par(), device="cpu")
+    for p, kw, what in (
+        (par(), dict(device="cuda"), "--device cuda"),
+        (par(tp=4), dict(device="cpu"), "attention TP 2"),
+        (par(tp=4, dp=2), dict(device="cpu"), r"attention DP \(--attn-dp-size 2\)"),
+        (par(ep=2), dict(device="cpu"), r"expert parallelism \(--ep 2\)"),
+        (par(), dict(device="cpu", speculative=True), r"speculative decoding \(ECHO\)"),
+    ):
+        with pytest.raises(
+            NotImplementedError, match=f"context parallelism with {what}.*--tp 2 --attn-cp-size 2 "
+        ):
+            check_parallel_layout(p, **kw)
+    with pytest.raises(NotImplementedError, match="a2a-backend deepep"):
+        check_parallel_layout(par(), "deepep", device="cpu")

@@ -263,8 +263,10 @@ def test_window_addressing_errors_and_identity():
         pool.register_mapping(torch.zeros(768, dtype=torch.int64))
     with pytest.raises(ValueError, match="positive multiple of page_size 256"):
         Ernie55TokenToKVPool(2 * PAGE, PAGE, torch.bfloat16, cfg, num_req_slots=2, device="cpu", swa_size=100)
-    with pytest.raises(NotImplementedError, match="get_state_buf_infos"):
-        pool.get_state_buf_infos()
+    with pytest.raises(NotImplementedError, match="get_kv_buffer"):
+        pool.get_kv_buffer(0)
+    # PD's SWA component: the window rows of each HCA layer, whole SWA pages (tests/serving/test_pd_cpu.py)
+    assert len(pool.get_state_buf_infos()[0]) == sum(t == "hca" for t in cfg.layer_types)
 
 
 # ------------------------------------------------------------------ sizing through SGLang's resolution
@@ -444,3 +446,32 @@ def test_sglang_builds_swa_allocator_and_registers_the_mapping_with_both_pools(e
     pre, seq = torch.tensor([0]), torch.tensor([300])
     loc = alloc.alloc_extend(pre, pre, seq, seq, torch.tensor([-1]), 300)
     assert torch.equal(dpool.window_loc(loc), pool.window_loc(loc)) and (pool.window_loc(loc) >= PAGE).all()
+
+
+@pytest.mark.parametrize(
+    ("ratio", "warned"), [(None, True), ("0.125", False)], ids=["demo-3-pages", "4-pages"]
+)
+def test_swa_pool_too_small_for_a_prefix_hit_is_named(ernie_ckpt, caplog, ratio, warned):
+    """An SWA pool that SGLang's admission can never fit a prefix hit into (the demo's CPU flags: 0.1 of 8192
+    tokens = 3 pages; measured on a real server: a repeated prompt waits in the queue, 4 pages serve it) gets a
+    warning naming the flags and the smallest pool that admits one."""
+    import logging
+
+    from sglang.srt.runtime_context import create_context, use_context
+
+    from sglang_ernie55.mem_cache.sizing import swa_prefix_hit_floor
+
+    caplog.set_level(logging.WARNING, logger="sglang_ernie55.mem_cache.sizing")
+    flags = ("--max-total-tokens", "8192") + (("--swa-full-tokens-ratio", ratio) if ratio else ())
+    b = sh.build_like_sglang(
+        ernie_ckpt, "--max-running-requests", "4", "--context-length", "2048", *flags[2:], budget=64 * 2**20
+    )
+    caplog.clear()
+    with use_context(create_context(b.server_args, role="test")):
+        swa = b.conf.calculate_pool_sizes_from_max_tokens(8192, PAGE).swa_max_total_num_tokens
+    assert swa == (768 if ratio is None else 1024)
+    assert swa_prefix_hit_floor(128, PAGE) == 4 * PAGE
+    said = [r.getMessage() for r in caplog.records if "never admits a prefix-cache hit" in r.getMessage()]
+    assert bool(said) == warned, said
+    if warned:
+        assert "--swa-full-tokens-ratio" in said[0] and ">= 1024" in said[0], said[0]

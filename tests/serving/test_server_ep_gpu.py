@@ -14,12 +14,12 @@ against the KV-rounded reference (scored on the host, as test_server_gpu.py does
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
 from tests.serving import server_harness as sh
+from tests.shim_lib.ernie55_shim_lib import shim_pythonpath
 
 pytestmark = [pytest.mark.gpu]
 
@@ -84,7 +84,7 @@ def test_tp4_deepep_matches_reference(tmp_path, mode):
     pytest.importorskip(
         "deep_ep", reason="DeepEP (the deep_ep package) is not installed here; install it to run this test"
     )
-    env = {"PYTHONPATH": os.pathsep.join([str(SHIM), os.environ.get("PYTHONPATH", "")])}
+    env = {"PYTHONPATH": shim_pythonpath(SHIM)}
     s, log = _run(
         tmp_path,
         "--dtype",

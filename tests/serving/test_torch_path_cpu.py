@@ -188,6 +188,58 @@ def test_extend_queries_equal_reference(small_chunks):
         torch.testing.assert_close(out[i], want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("cp", [2, 3])
+def test_cp_rank_rows_equal_whole_batch_rows(small_chunks, cp):
+    """SGLang's prefill CP (interleave): a rank attends only its query rows (batch rows r, r + cp, ...) over every
+    rank's keys. A 3-request extend (prefixes, a window and compression blocks crossed, DSA top-k with score
+    ties): each rank's rows equal the same rows of the whole-batch extend, its padding rows are zero, and the
+    stored rows, compressed entries and open-block state are the whole batch's."""
+    cfg = tiny_config(index_topk=40)
+    lens, prefix = [450, 33, 260], [300, 0, 100]
+    ext = [n - P for n, P in zip(lens, prefix)]
+    T = sum(ext)
+    g = torch.Generator().manual_seed(4)
+    h, D, R, r, dI, nI = 16, cfg.head_dim, cfg.kv_lora_rank, cfg.qk_rope_head_dim, cfg.index_head_dim, 8
+    lid = cfg.layer_types.index("mla_dsa")
+    q, kv, cs = (
+        torch.randn(T, h, D, generator=g),
+        torch.randn(T, D, generator=g),
+        torch.randn(T, 2 * D, generator=g),
+    )
+    sink = torch.randn(h, generator=g)
+    qm, kc = torch.randn(T, h, R + r, generator=g), torch.randn(T, R + r, generator=g)
+    iq, iw, ik = (
+        torch.randn(T, nI, dI, generator=g),
+        torch.rand(T, nI, generator=g),
+        torch.randn(T, dI, generator=g),
+    )
+
+    def run(qidx, rows):
+        pool, r2t = _setup(cfg, lens)
+        pool.state[0].zero_()
+        loc = torch.cat([r2t[i + 1, P:n] for i, (n, P) in enumerate(zip(lens, prefix))])
+        meta = tp.ExtendMeta(req=[1, 2, 3], prefix=prefix, extend=ext, qidx=qidx, rows=rows)
+        sel = slice(None) if qidx is None else torch.tensor(qidx)
+        hca = tp.TorchHCA(pool, r2t, cfg.window_size, cfg.compress_ratio)
+        mla = tp.TorchMLA(pool, r2t, cfg.index_topk)
+        o1 = hca.extend(q[sel], kv, cs, _Compressor(D), sink, D**-0.5, 0, loc, meta)
+        o2 = mla.extend(qm[sel], kc, iq[sel], iw[sel], ik, 0.1, R, lid, loc, meta)
+        stored = [pool.cmp[0].read(torch.arange(pool.cmp_rows)), pool.state[0].clone(), pool.win[0].read(loc)]
+        return o1, o2, stored + [pool.latent[lid].read(loc), pool.index_k[lid].read(loc)]
+
+    whole = run(None, 0)
+    rows = -(-T // cp) + 1  # SGLang pads every rank to one row count
+    for rank in range(cp):
+        qidx = list(range(rank, T, cp))
+        o1, o2, stored = run(qidx, rows)
+        for got, want in ((o1, whole[0]), (o2, whole[1])):
+            assert got.shape[0] == rows
+            torch.testing.assert_close(got[: len(qidx)], want[qidx], rtol=1e-5, atol=1e-5)
+            assert not got[len(qidx) :].any()
+        for got, want in zip(stored, whole[2]):
+            assert torch.equal(got, want)
+
+
 @pytest.mark.slow
 def test_million_token_width_reads_one_chunk_at_a_time(monkeypatch):
     """A CUDA-graph decode program spans the whole context length (here 1M + 8 positions) for every row; the

@@ -25,7 +25,9 @@ def init_dist() -> None:
     """World-1 gloo group + model-parallel groups (SGLang layers need them even at TP 1)."""
     import os
 
-    if "MASTER_PORT" not in os.environ:
+    # a fresh port whenever this process has no group yet: an inherited MASTER_PORT is the parent's, whose
+    # store may still listen on it (a test process that ran init_dist itself, then starts a child that does)
+    if not torch.distributed.is_initialized():
         os.environ["MASTER_PORT"] = str(free_port())
     try:
         from sglang.test.layer_ut_utils import init_single_process_dist
@@ -378,10 +380,11 @@ class Session:
 DSA_MARGIN = 1e-5  # a DSA top-k boundary closer than this flips with the host's GEMM blocking (1 ulp seen)
 
 
-def _row_margins(ref, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """One reference forward over `ids`, per position: the smallest gap over every MLA-DSA layer between the
-    index_topk-th and the next indexer score, and over every MoE layer between the top_k-th and the next biased
-    routing score (s + bias). Two [len(ids)] fp64 tensors, inf where no layer chooses."""
+def _row_margins(ref, ids: torch.Tensor, forward=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """One reference forward over `ids` (or `forward()`, e.g. the ECHO draft's), per position: the smallest gap
+    over every MLA-DSA layer between the index_topk-th and the next indexer score, and over every MoE layer
+    between the top_k-th and the next biased routing score (s + bias). Two [len(ids)] fp64 tensors, inf where no
+    layer chooses."""
     from sglang_ernie55.reference import functional as Fn
 
     dsa = torch.full((len(ids),), float("inf"), dtype=torch.float64)
@@ -408,10 +411,17 @@ def _row_margins(ref, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     Fn.indexer_topk, Fn.multi_router_topk = spy_index, spy_route
     try:
         with torch.no_grad():
-            ref.forward(ids)
+            ref.forward(ids) if forward is None else forward()
     finally:
         Fn.indexer_topk, Fn.multi_router_topk = orig_index, orig_route
     return dsa, route
+
+
+def draft_row_margins(ref, streams: torch.Tensor, next_tokens: torch.Tensor) -> torch.Tensor:
+    """Per draft entry, the closest call among the ECHO draft's own discrete choices (its layer's DSA top-k and
+    MoE routing top-k) in the reference's `echo_forward(streams, next_tokens)`."""
+    fwd = lambda: ref.echo_forward(streams, next_tokens)  # noqa: E731
+    return torch.minimum(*_row_margins(ref, next_tokens, forward=fwd))
 
 
 def dsa_row_margins(ref, ids: torch.Tensor) -> torch.Tensor:

@@ -5,29 +5,17 @@ SGLang 0.5.23 builds and verifies EAGLE trees on a CPU device only through sgl-k
 installed sglang-kernel wheel does not carry; without them `spec_tree.build_tree_kernel_efficient_func`
 reaches an undefined CUDA symbol. SGLang also ships Triton versions of both (its XPU path): this routes
 `sglang.kernels.ops.speculative.spec_tree` to them (run by Triton's interpreter, TRITON_INTERPRET=1), and
-nothing else. Every other piece of the EAGLE round is SGLang's own code."""
+nothing else. Every other piece of the EAGLE round is SGLang's own code. The interpreter runs with
+tests/shim_lib/triton_interpreter.py's speed-up (no nested re-patching of `triton.language`)."""
 
-import importlib.abc
-import importlib.util
-import sys
+from ernie55_shim_lib import patch_after_import
+from triton_interpreter import install
 
-_TARGET = "sglang.kernels.ops.speculative.spec_tree"
-
-
-class _RouteSpecTreeToTriton(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path, target=None):
-        if name != _TARGET:
-            return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(name)
-        run = spec.loader.exec_module
-
-        def exec_module(module):
-            run(module)
-            module._is_xpu = True  # the Triton tree build / greedy verify (read at call time)
-
-        spec.loader.exec_module = exec_module
-        return spec
+install()
 
 
-sys.meta_path.insert(0, _RouteSpecTreeToTriton())
+def _route_to_triton(module):
+    module._is_xpu = True  # the Triton tree build / greedy verify (read at call time)
+
+
+patch_after_import({"sglang.kernels.ops.speculative.spec_tree": _route_to_triton})
