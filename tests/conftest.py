@@ -30,15 +30,6 @@ def _gpus() -> tuple[int, str]:
         return 0, ""
 
 
-def pytest_configure(config):
-    # Without a GPU, Triton kernels run in Triton's interpreter: drop its nested re-patching (test-only speed-up,
-    # tests/shim_lib/triton_interpreter.py; the kernels compute the same)
-    if _gpus()[0] == 0:
-        from tests.shim_lib.triton_interpreter import install
-
-        install()
-
-
 def pytest_collection_modifyitems(config, items):
     count, name = _gpus()
     for item in items:
