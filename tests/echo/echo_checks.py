@@ -14,6 +14,20 @@ from tests.serving import server_harness as sh
 from tests.serving import twin_harness as th
 
 
+def spec_flags(steps: int) -> tuple[str, ...]:
+    """SGLang's flags for ECHO as a chain of `steps` draft tokens (EAGLE, top-k 1, steps + 1 draft tokens)."""
+    return (
+        "--speculative-algorithm",
+        "EAGLE",
+        "--speculative-num-steps",
+        str(steps),
+        "--speculative-eagle-topk",
+        "1",
+        "--speculative-num-draft-tokens",
+        str(steps + 1),
+    )
+
+
 def generate(server, prompt: list[int], max_new: int) -> dict:
     """Greedy /generate: tokens, their logprobs and meta_info (spec_verify_ct, spec_accept_length, ...)."""
     body = {

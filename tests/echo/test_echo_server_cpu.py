@@ -49,19 +49,6 @@ FLAGS = sh.cpu_flags(
 )
 
 
-def _spec(steps: int) -> tuple[str, ...]:
-    return (
-        "--speculative-algorithm",
-        "EAGLE",
-        "--speculative-num-steps",
-        str(steps),
-        "--speculative-eagle-topk",
-        "1",
-        "--speculative-num-draft-tokens",
-        str(steps + 1),
-    )
-
-
 def _serve(path, steps: int, name: str, dump: Path, monkeypatch, layout: tuple[str, ...] = ()):
     """layout: parallel flags (`--tp 2 --attn-dp-size 2`): two ranks, one core each, both CPU shims."""
     monkeypatch.setenv("TRITON_INTERPRET", "1")
@@ -70,7 +57,7 @@ def _serve(path, steps: int, name: str, dump: Path, monkeypatch, layout: tuple[s
     monkeypatch.setenv("SGLANG_ERNIE55_ECHO_DUMP_DIR", str(dump))
     if layout:
         monkeypatch.setenv("SGLANG_CPU_OMP_THREADS_BIND", "0|1" if (os.cpu_count() or 1) >= 2 else "0|0")
-    return sh.Server(path, *FLAGS, *_spec(steps), *layout, log_name=name, timeout=900)
+    return sh.Server(path, *FLAGS, *echo_checks.spec_flags(steps), *layout, log_name=name, timeout=900)
 
 
 def _run(path, steps, name, tmp_path, monkeypatch, lengths, layout: tuple[str, ...] = ()):

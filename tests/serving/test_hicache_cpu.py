@@ -31,6 +31,7 @@ from sglang_ernie55.mem_cache.host_pool import (
     mirrored_regions,
 )
 from sglang_ernie55.mem_cache.pool import Ernie55TokenToKVPool
+from tests.echo import echo_checks
 from tests.serving import hicache_harness as hh
 from tests.serving import server_harness as sh
 from tests.serving.geometries import VARIANTS
@@ -270,8 +271,7 @@ SERVER_CASES = {
     "bf16_echo": ("bfloat16", True, True, REGIONS + "+draft_swa"),
 }
 ECHO_SHIM = Path(__file__).parent / "hicache_echo_shim"
-ECHO = ("--speculative-algorithm", "EAGLE", "--speculative-num-steps", "2", "--speculative-eagle-topk", "1")
-ECHO += ("--speculative-num-draft-tokens", "3")
+ECHO = echo_checks.spec_flags(2)
 
 
 @pytest.mark.slow

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.echo import echo_checks
 from tests.serving import hicache_harness as hh
 from tests.serving import server_harness as sh
 
@@ -59,16 +60,7 @@ CASES = {
     ),
     "bf16_echo": (
         "bfloat16",
-        (
-            "--speculative-algorithm",
-            "EAGLE",
-            "--speculative-num-steps",
-            "2",
-            "--speculative-eagle-topk",
-            "1",
-            "--speculative-num-draft-tokens",
-            "3",
-        ),
+        echo_checks.spec_flags(2),
         REGIONS + "+draft_swa",
     ),
 }
