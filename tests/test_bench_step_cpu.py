@@ -261,8 +261,11 @@ def test_cpu_smoke(tmp_path):
         for key in ("moe.shared", "mhc", "norm", "lm_head", "sampling", "attn_meta"):
             assert e["components"][key] > 0, (key, e["components"])
         work = sum(e["components"].values())
-        assert work <= e["span_ms"] * (1 + 1e-6), (work, e["span_ms"])
-        assert work + e["gaps_ms"] == pytest.approx(e["span_ms"], rel=1e-6)
+        # up to the trace's time resolution: its stamps are ~1.7e12 us, where a double resolves ~2.4e-4 us, so
+        # each item's two ends may be off by that much
+        res_ms = e["items_per_step"] * 5e-4 / 1e3
+        assert work <= e["span_ms"] + res_ms, (work, e["span_ms"])
+        assert work + e["gaps_ms"] == pytest.approx(e["span_ms"], abs=res_ms), e
         fl = p["floors"]
         for key in ("hca", "mla_dsa", "dense_ffn", "moe.experts", "moe.shared", "mhc", "lm_head"):
             assert fl[key]["bytes"] > 0 and fl[key]["byte_ms"] > 0 and sum(fl[key]["flops"].values()) > 0, key
