@@ -106,6 +106,16 @@ def greedy_speculative(
 # ----------------------------------------------------------------------------- ECHO-exact checkpoint
 
 
+# the sublayer output projections `make_echo_exact_` scales by eps (logical tensor names end with these)
+ECHO_EXACT_SCALED = (
+    "self_attn.wo_b.weight",
+    "self_attn.o_proj.weight",
+    "mlp.down_proj.weight",
+    "mlp.latent_up.weight",
+    "shared_experts.down_proj.weight",
+)
+
+
 @torch.no_grad()
 def make_echo_exact_(model: Ernie55ReferenceModel, seed: int = 0, eps: float = 0.02) -> torch.Tensor:
     """Turn `model` (random weights, any dtype) into one whose ECHO draft proposes exactly the target's
@@ -131,15 +141,7 @@ def make_echo_exact_(model: Ernie55ReferenceModel, seed: int = 0, eps: float = 0
     inv[sigma] = torch.arange(V)
     model.lm_head.weight.copy_((unit[inv] / H**0.5).to(model.lm_head.weight.dtype))
     for name, p in model.named_parameters():
-        if name.endswith(
-            (
-                "self_attn.wo_b.weight",
-                "self_attn.o_proj.weight",
-                "mlp.down_proj.weight",
-                "mlp.latent_up.weight",
-                "shared_experts.down_proj.weight",
-            )
-        ):
+        if name.endswith(ECHO_EXACT_SCALED):
             p.mul_(eps)
     model.model.norm.weight.fill_(1.0)
     e = model.echo
@@ -147,6 +149,94 @@ def make_echo_exact_(model: Ernie55ReferenceModel, seed: int = 0, eps: float = 0
     e.enorm.weight.fill_(1.0)
     e.e_proj.weight.copy_(torch.eye(H, dtype=e.e_proj.weight.dtype))
     e.h_proj.weight.copy_((torch.randn(H, H, generator=g) * eps * H**-0.5).to(e.h_proj.weight.dtype))
+    return sigma
+
+
+@torch.no_grad()
+def echo_exact_copy(src, dst, *, seed: int = 0, eps: float = 0.02, force: bool = False, progress=None):
+    """Copy checkpoint `src` (any geometry, bf16 or fp8) to `dst` with `make_echo_exact_`'s construction
+    applied, shard by shard, so that it works at full width without building the model in memory.
+    Returns sigma (target greedy after token t is sigma[t]; every ECHO draft is accepted).
+
+    Tensors the construction leaves alone are copied bit for bit. FP8 output projections are scaled
+    through their block scales (codes unchanged); the new lm_head, ECHO projections and norms are stored
+    as the writer stores them. Atomic: `dst` appears complete or not at all."""
+    import json
+    import os
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    from ..checkpoint.loader import CheckpointReader
+    from ..checkpoint.spec import SCALE_SUFFIX
+    from ..checkpoint.writer import _log, _prepare_target, storage_form
+
+    src, dst = Path(src), Path(dst).absolute()
+    reader = CheckpointReader(src, progress)
+    reader.check()
+    cfg, spec, fmt = reader.config, reader.spec, reader.fmt
+    if not cfg.num_nextn_predict_layers:
+        raise ValueError(f"{src}: the config has no ECHO layer (num_nextn_predict_layers = 0)")
+    V, H = cfg.vocab_size, cfg.hidden_size
+    g = torch.Generator().manual_seed(seed)
+    sigma = torch.randperm(V, generator=g)
+    inv = torch.empty_like(sigma)
+    inv[sigma] = torch.arange(V)
+
+    def lm_head() -> torch.Tensor:
+        E = reader.tensor("model.embed_tokens.weight")
+        unit = E / E.pow(2).mean(-1, keepdim=True).sqrt()
+        return unit[inv] / H**0.5
+
+    new = {
+        "lm_head.weight": lm_head,
+        "model.norm.weight": lambda: torch.ones(H),
+        "echo.norm.weight": lambda: torch.ones(H),
+        "echo.enorm.weight": lambda: torch.ones(H),
+        "echo.e_proj.weight": lambda: torch.eye(H),
+        "echo.h_proj.weight": lambda: torch.randn(H, H, generator=g) * eps * H**-0.5,
+    }
+    scaled = [n for n in spec if n.endswith(ECHO_EXACT_SCALED)]
+    missing = [n for n in new if n not in spec]
+    if missing or not scaled:
+        raise ValueError(f"{src}: no tensor(s) {missing or list(ECHO_EXACT_SCALED)} to build ECHO-exact from")
+    _prepare_target(dst, force)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.tmp-", dir=dst.parent))
+    try:
+        os.chmod(tmp, 0o755)
+        for f in src.iterdir():
+            if f.is_file() and f.suffix != ".safetensors":
+                shutil.copy2(f, tmp / f.name)
+        values = {name: make() for name, make in new.items()}  # h_proj draws after sigma, as make_echo_exact_
+        for k, file in enumerate(reader.files, 1):
+            with safe_open(str(src / file), framework="pt", device="cpu") as h:
+                tensors = {name: h.get_tensor(name) for name in h.keys()}
+            for name in [n for n in tensors if n in new]:
+                tensors.update(storage_form(name, values[name], spec[name].kind, fmt))
+            for name in [n for n in tensors if n in scaled]:
+                if name + SCALE_SUFFIX in tensors:
+                    tensors[name + SCALE_SUFFIX] = tensors[name + SCALE_SUFFIX] * eps
+                else:
+                    tensors[name] = (tensors[name].float() * eps).to(tensors[name].dtype)
+            save_file(tensors, str(tmp / file), metadata={"format": "pt"})
+            _log(progress, f"ECHO-exact: wrote {file} ({k}/{len(reader.files)})")
+        (tmp / "echo_exact.json").write_text(
+            json.dumps({"seed": seed, "eps": eps, "source": str(src)}) + "\n"
+        )
+        if dst.exists():
+            old = dst.with_name(f".{dst.name}.old-{os.getpid()}")
+            os.replace(dst, old)
+            os.replace(tmp, dst)
+            shutil.rmtree(old)
+        else:
+            os.replace(tmp, dst)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     return sigma
 
 

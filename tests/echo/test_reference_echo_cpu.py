@@ -147,3 +147,65 @@ def test_round_does_not_touch_callers_cache_beyond_extend(ref, cfg):
     ref.echo_forward(s, t, cache=again, start_pos=0)
     torch.testing.assert_close(cache.kv, again.kv)
     assert copy.deepcopy(cache).pos.tolist() == [0, 1, 2, 3]
+
+
+@pytest.fixture(scope="module", params=["bf16", "fp8"])
+def exact_copy(request, tmp_path_factory):
+    """A random tiny checkpoint and its ECHO-exact copy (`echo_exact_copy`, the shard-by-shard construction
+    the full-width serving benchmark uses), in both checkpoint formats."""
+    from sglang_ernie55.checkpoint.tiny import make_checkpoint
+
+    d = tmp_path_factory.mktemp(f"exact-{request.param}")
+    src = make_checkpoint(d / "src", dtype=request.param, seed=4)
+    sigma = E.echo_exact_copy(src, d / "exact", seed=6)
+    return src, d / "exact", sigma
+
+
+def test_echo_exact_copy_accepts_everything(exact_copy):
+    """The copy read back by the reference: the target is the permutation bigram, every ECHO draft of 3 steps
+    is accepted across the 128-token window and compression block, and the output is plain greedy."""
+    from tests.serving.server_harness import load_reference
+
+    _, dst, sigma = exact_copy
+    _, m = load_reference(dst, "cpu")
+    prompt = torch.randint(3, 512, (100,), generator=torch.Generator().manual_seed(2))
+    want = m.generate_greedy(prompt, 40)
+    assert want[0] == int(sigma[prompt[-1]]) and all(
+        want[i + 1] == int(sigma[want[i]]) for i in range(len(want) - 1)
+    )
+    got = E.greedy_speculative(m, prompt, len(want), 3)
+    assert got.tokens == want
+    assert got.accept_lengths[:-1] and all(a == 4 for a in got.accept_lengths[:-1]), got.accept_lengths
+
+
+def test_echo_exact_copy_changes_only_the_construction(exact_copy):
+    """Every stored tensor outside the construction is bit-identical to the source; FP8 output projections
+    keep their codes and scale their block scales by eps; the copy is a complete checkpoint."""
+    from safetensors import safe_open
+
+    from sglang_ernie55.checkpoint.loader import CheckpointReader
+
+    src, dst, _ = exact_copy
+    r = CheckpointReader(dst)
+    r.check()
+    assert (dst / "tokenizer.json").is_file() and (dst / "echo_exact.json").is_file()
+    rebuilt = ("lm_head.", "model.norm.", "echo.norm.", "echo.enorm.", "echo.e_proj.", "echo.h_proj.")
+    scaled = changed = 0
+    for file in r.files:
+        with safe_open(str(src / file), "pt") as a, safe_open(str(dst / file), "pt") as b:
+            assert set(a.keys()) == set(b.keys())
+            for name in a.keys():
+                x, y = a.get_tensor(name), b.get_tensor(name)
+                base = name.removesuffix("_scale_inv")
+                if base.endswith(E.ECHO_EXACT_SCALED):
+                    if x.dtype == torch.float8_e4m3fn:
+                        assert torch.equal(x.view(torch.uint8), y.view(torch.uint8)), name
+                    else:
+                        torch.testing.assert_close(y.float(), x.float() * 0.02, rtol=8e-3, atol=0)
+                    scaled += 1
+                elif name.startswith(rebuilt):
+                    changed += 1
+                else:
+                    assert torch.equal(x.view(torch.uint8), y.view(torch.uint8)), name
+    assert scaled >= 5 and changed >= 6, (scaled, changed)
+    torch.testing.assert_close(r.tensor("echo.e_proj.weight"), torch.eye(r.config.hidden_size), rtol=0, atol=0)
