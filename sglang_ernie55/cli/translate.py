@@ -202,21 +202,27 @@ def _speculative(raw: str, t: Translation) -> None:
         t.notes.append(
             "--speculative-config: draft model / draft TP ignored: ECHO lives in the checkpoint and runs at the target's TP"
         )
-    t.add(
-        "--speculative-algorithm",
-        "EAGLE",
-        "--speculative-num-steps",
-        k,
-        "--speculative-eagle-topk",
-        1,
-        "--speculative-num-draft-tokens",
-        k + 1,
-    )
+    t.add(*echo_server_flags(k))
     t.notes.append(
         f"--speculative-config {{method: {method}, num_speculative_tokens: {k}}} -> ECHO with "
         f"--speculative-num-steps {k} --speculative-eagle-topk 1 --speculative-num-draft-tokens {k + 1}: vLLM counts "
         f"draft tokens, SGLang counts steps; its draft-token count includes the verified token (steps + 1). "
         f"Copying {k} into --speculative-num-draft-tokens would silently draft one token less. Chain drafts only (topk 1)."
+    )
+
+
+def echo_server_flags(steps: int) -> tuple[str, ...]:
+    """SGLang's flags for ECHO as a chain of `steps` draft tokens: EAGLE, top-k 1, and steps + 1 draft tokens
+    (SGLang's draft-token count includes the verified token)."""
+    return (
+        "--speculative-algorithm",
+        "EAGLE",
+        "--speculative-num-steps",
+        str(steps),
+        "--speculative-eagle-topk",
+        "1",
+        "--speculative-num-draft-tokens",
+        str(steps + 1),
     )
 
 

@@ -10,22 +10,9 @@ from pathlib import Path
 import requests
 import torch
 
+from sglang_ernie55.cli.translate import echo_server_flags as spec_flags  # noqa: F401  (the ECHO tests' flags)
 from tests.serving import server_harness as sh
 from tests.serving import twin_harness as th
-
-
-def spec_flags(steps: int) -> tuple[str, ...]:
-    """SGLang's flags for ECHO as a chain of `steps` draft tokens (EAGLE, top-k 1, steps + 1 draft tokens)."""
-    return (
-        "--speculative-algorithm",
-        "EAGLE",
-        "--speculative-num-steps",
-        str(steps),
-        "--speculative-eagle-topk",
-        "1",
-        "--speculative-num-draft-tokens",
-        str(steps + 1),
-    )
 
 
 def generate(server, prompt: list[int], max_new: int) -> dict:
