@@ -1,0 +1,467 @@
+"""Throughput under a real client: SGLang's own load generator (`python -m sglang.benchmark.serving`, the
+former `sglang.bench_serving`) against a real ERNIE-5.5 server started with `sglang.launch_server`.
+
+Server configurations (`--configs`):
+  base        no speculative decoding, on the random-weight checkpoint
+  echo        ECHO (EAGLE chain of `--echo-steps` drafts) on the same checkpoint: random weights, so nearly
+              every draft is rejected: ECHO's overhead
+  echo-exact  ECHO on the ECHO-exact copy of the checkpoint (`echo_exact_copy`: every draft is accepted by
+              construction, at full attention / MoE cost): ECHO's upper bound
+
+Workloads, each as one `sglang.benchmark.serving` run against each server:
+  random 1K-in / 1K-out (`--dataset-name random-ids --tokenize-prompt`: exact token counts, no dataset
+  download) at each `--concurrency`, and a shared-prefix workload (`generated-shared-prefix`: groups of
+  prompts behind one long system prompt, so the radix cache serves the prefix).
+
+Next to each `base` random row: the decode weight-byte roofline at that concurrency, batch C reading every
+dense / attention / shared weight once plus the experts C tokens touch (E (1 - (1 - k/E)^C) of E), at the
+copy bandwidth measured on this device (KV reads left out: at 1K-2K tokens of context they are a few % of
+the weights). Output tok/s <= C / (those bytes / bandwidth); the ratio column is measured / roofline.
+
+  python3 benchmarks/bench_serving.py --out /tmp/bs                 # GPU: 4-layer full-width FP8 checkpoint
+  python3 benchmarks/bench_serving.py --cpu-smoke --out /tmp/bs     # CPU: tiny checkpoint, short requests
+  python3 benchmarks/bench_serving.py --table a/bench_serving.jsonl b/bench_serving.jsonl   # merge runs
+
+The accept length column is SGLang's own (its /server_info): the mean over the server's life so far,
+updated at its decode log interval (40 steps), so the first short runs show none.
+
+The client's tokenizer is the checkpoint's tokenizer files alone: transformers' AutoTokenizer would read the
+checkpoint's config.json and fail on its model type, which only the server's plugin registers. (Against a
+real ERNIE-5.5 server do the same: point `--tokenizer` at a folder holding only the tokenizer files.)
+
+Writes `bench_serving.jsonl` (one line per run, SGLang's metrics plus ours) and `bench_serving.md` under
+`--out`; each server's log sits next to them. Progress lines go to stdout as it works.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+CONFIGS = ("base", "echo", "echo-exact")
+RESULT_FILE = "bench_serving.jsonl"
+TABLE_FILE = "bench_serving.md"
+# SGLang's metrics kept per run (its JSONL line also holds the whole server_info)
+KEEP = (
+    "completed",
+    "duration",
+    "total_input_tokens",
+    "total_output_tokens",
+    "request_throughput",
+    "output_throughput",
+    "total_throughput",
+    "median_ttft_ms",
+    "p99_ttft_ms",
+    "median_tpot_ms",
+    "median_itl_ms",
+    "p99_itl_ms",
+    "median_e2e_latency_ms",
+    "accept_length",
+    "max_concurrent_requests",
+)
+
+
+def say(t0: float, msg: str) -> None:
+    print(f"[bench_serving {time.monotonic() - t0:7.1f}s] {msg}", flush=True)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--checkpoint", help="serve this checkpoint (default: write a random one, see --layers)")
+    p.add_argument("--layers", type=int, default=4, help="layers of the full-width checkpoint written (GPU)")
+    p.add_argument("--weights", choices=("fp8", "bf16"), default="fp8", help="its weight format")
+    p.add_argument("--cpu-smoke", action="store_true", help="tiny checkpoint on a CPU server, short requests")
+    p.add_argument("--configs", default=",".join(CONFIGS), help=f"comma list of {CONFIGS}")
+    p.add_argument("--echo-steps", type=int, default=2, help="ECHO draft steps (the chain length)")
+    p.add_argument("--concurrency", default=None, help="comma list (default 1,16,64; CPU smoke 1,2)")
+    p.add_argument(
+        "--input-len", type=int, default=None, help="random prompt tokens (default 1024; smoke 48)"
+    )
+    p.add_argument("--output-len", type=int, default=None, help="tokens generated (default 1024; smoke 8)")
+    p.add_argument("--prompts", type=int, default=0, help="prompts per concurrency (default max(4, 2 x C))")
+    p.add_argument("--no-shared-prefix", action="store_true", help="skip the shared-prefix workload")
+    p.add_argument("--gsp-groups", type=int, default=None, help="shared-prefix groups (default 8; smoke 2)")
+    p.add_argument("--gsp-prompts", type=int, default=None, help="prompts per group (default 8; smoke 2)")
+    p.add_argument("--gsp-system-len", type=int, default=None, help="shared prefix tokens (2048; smoke 300)")
+    p.add_argument("--gsp-question-len", type=int, default=None, help="own tokens per prompt (128; smoke 16)")
+    p.add_argument("--gsp-output-len", type=int, default=None, help="tokens generated (256; smoke 8)")
+    p.add_argument(
+        "--gsp-concurrency", type=int, default=None, help="shared-prefix concurrency (16; smoke 2)"
+    )
+    p.add_argument(
+        "--server-arg",
+        action="append",
+        default=[],
+        help="extra flag(s) for every server: --server-arg '--tp 2', or --server-arg=--enable-x for one flag alone",
+    )
+    p.add_argument("--start-timeout", type=float, default=1200.0, help="seconds a server may take to start")
+    p.add_argument(
+        "--budget-s",
+        type=float,
+        default=0.0,
+        help="start no new server or run after this many seconds (0: no limit); what ran is written",
+    )
+    p.add_argument("--out", default=os.environ.get("OUT") or "bench_serving_out", help="output folder")
+    p.add_argument("--work", default="/tmp/bench_serving", help="folder for the checkpoints written")
+    p.add_argument("--table", nargs="+", metavar="JSONL", help="only print the table of these result files")
+    a = p.parse_args(argv)
+    smoke = a.cpu_smoke
+    defaults = dict(
+        concurrency="1,2" if smoke else "1,16,64",
+        input_len=48 if smoke else 1024,
+        output_len=8 if smoke else 1024,
+        gsp_groups=2 if smoke else 8,
+        gsp_prompts=2 if smoke else 8,
+        gsp_system_len=300 if smoke else 2048,
+        gsp_question_len=16 if smoke else 128,
+        gsp_output_len=8 if smoke else 256,
+        gsp_concurrency=2 if smoke else 16,
+    )
+    for k, v in defaults.items():
+        if getattr(a, k) is None:
+            setattr(a, k, v)
+    a.configs = [c.strip() for c in a.configs.split(",") if c.strip()]
+    bad = [c for c in a.configs if c not in CONFIGS]
+    if bad:
+        p.error(f"--configs: unknown {bad}; legal: {', '.join(CONFIGS)}")
+    try:
+        a.concurrency = [int(c) for c in str(a.concurrency).split(",") if c.strip()]
+    except ValueError:
+        p.error(f"--concurrency must be a comma list of integers, got {a.concurrency!r}")
+    if not a.concurrency or min(a.concurrency) < 1:
+        p.error("--concurrency: each level must be >= 1")
+    if a.echo_steps < 1:
+        p.error(f"--echo-steps must be >= 1, got {a.echo_steps}")
+    a.server_arg = [tok for arg in a.server_arg for tok in arg.split()]
+    return a
+
+
+# ---------------------------------------------------------------------------------------------- roofline
+def weight_bytes(ckpt: Path) -> dict:
+    """From the safetensors headers: the bytes one decode step reads whatever the batch (every tensor but the
+    embedding, which is gathered by row, and the ECHO layer's own), and per MoE layer the routed experts'
+    bytes, their count and top-k."""
+    from safetensors import safe_open
+
+    from sglang_ernie55.checkpoint.loader import read_config
+
+    cfg = read_config(ckpt)
+    fixed, experts = 0, {}
+    for f in sorted(ckpt.glob("*.safetensors")):
+        with safe_open(str(f), "pt") as h:
+            for name in h.keys():
+                sl = h.get_slice(name)
+                n = 1
+                for d in sl.get_shape():
+                    n *= d
+                nbytes = n * {"F8_E4M3": 1, "BF16": 2, "F16": 2, "F32": 4}.get(sl.get_dtype(), 4)
+                if name.startswith(("model.embed_tokens.", "echo.")):
+                    continue
+                if ".mlp.experts." in name:
+                    layer = int(name.split(".")[2])
+                    experts[layer] = experts.get(layer, 0) + nbytes
+                else:
+                    fixed += nbytes
+    return dict(
+        fixed=fixed,
+        experts_per_layer=list(experts.values()),
+        E=cfg.n_routed_experts,
+        k=cfg.num_experts_per_tok,
+    )
+
+
+def roofline_tok_s(w: dict, batch: int, bw: float) -> tuple[float, float]:
+    """(bytes one decode step of `batch` requests reads, the output tok/s that bound allows)."""
+    from benchmarks.bench_step import experts_hit
+
+    E, k = w["E"], w["k"]
+    step = w["fixed"] + sum(b * experts_hit(E, k, batch) / E for b in w["experts_per_layer"])
+    return step, batch / (step / bw)
+
+
+# ---------------------------------------------------------------------------------------------- runs
+def _Clock(t0: float):
+    """The demo's server clock (its start-up progress lines), printing as this benchmark does."""
+    from sglang_ernie55.cli import demo
+
+    class Clock(demo._Clock):
+        def say(self, msg: str) -> None:
+            say(t0, msg)
+
+    c = Clock()
+    c.t0 = t0
+    return c
+
+
+def make_checkpoints(a, t0: float) -> dict[str, Path]:
+    import torch
+
+    from sglang_ernie55.checkpoint.tiny import make_checkpoint
+    from sglang_ernie55.reference.echo import echo_exact_copy
+
+    work = Path(a.work)
+    work.mkdir(parents=True, exist_ok=True)
+    out = {}
+    if a.checkpoint:
+        base = Path(a.checkpoint)
+    else:
+        base = work / ("tiny" if a.cpu_smoke else f"fw{a.layers}-{a.weights}")
+        say(t0, f"writing the random checkpoint {base}")
+        if a.cpu_smoke:
+            make_checkpoint(base, preset="tiny", dtype="bf16", force=True)
+        else:
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+            make_checkpoint(
+                base, preset="full-width", layers=a.layers, dtype=a.weights, device=device, force=True
+            )
+            if device == "cuda":
+                torch.cuda.empty_cache()
+    if {"base", "echo"} & set(a.configs):
+        out["base"] = out["echo"] = base
+    if "echo-exact" in a.configs:
+        exact = work / f"{base.name}-echo-exact"
+        say(t0, f"writing its ECHO-exact copy {exact}")
+        echo_exact_copy(base, exact, force=True, progress=lambda m: say(t0, "  " + m))
+        out["echo-exact"] = exact
+    return out
+
+
+def server_flags(a, config: str) -> list[str]:
+    from sglang_ernie55.cli.translate import echo_server_flags
+
+    flags = list(echo_server_flags(a.echo_steps)) if config != "base" else []
+    if a.cpu_smoke:
+        # every level fits at once; a 2-page SWA share holds the window of two requests
+        flags += ["--disable-cuda-graph", "--swa-full-tokens-ratio", "0.5", "--sampling-backend", "pytorch"]
+    return flags + a.server_arg
+
+
+def workloads(a) -> list[dict]:
+    runs = []
+    for c in a.concurrency:
+        n = a.prompts or max(4, 2 * c)
+        runs.append(
+            dict(
+                workload="random",
+                concurrency=c,
+                prompts=n,
+                args=[
+                    "--dataset-name",
+                    "random-ids",
+                    "--tokenize-prompt",
+                    "--random-input-len",
+                    str(a.input_len),
+                    "--random-output-len",
+                    str(a.output_len),
+                    "--random-range-ratio",
+                    "1.0",
+                    "--num-prompts",
+                    str(n),
+                    "--max-concurrency",
+                    str(c),
+                ],
+            )
+        )
+    if not a.no_shared_prefix:
+        n = a.gsp_groups * a.gsp_prompts
+        runs.append(
+            dict(
+                workload="shared-prefix",
+                concurrency=a.gsp_concurrency,
+                prompts=n,
+                args=[
+                    "--dataset-name",
+                    "generated-shared-prefix",
+                    "--tokenize-prompt",
+                    "--gsp-num-groups",
+                    str(a.gsp_groups),
+                    "--gsp-prompts-per-group",
+                    str(a.gsp_prompts),
+                    "--gsp-system-prompt-len",
+                    str(a.gsp_system_len),
+                    "--gsp-question-len",
+                    str(a.gsp_question_len),
+                    "--gsp-output-len",
+                    str(a.gsp_output_len),
+                    "--gsp-range-ratio",
+                    "1.0",
+                    "--num-prompts",
+                    str(n),
+                    "--max-concurrency",
+                    str(a.gsp_concurrency),
+                ],
+            )
+        )
+    return runs
+
+
+def tokenizer_dir(ckpt: Path, out: Path) -> Path:
+    """The checkpoint's tokenizer files alone. The client loads its tokenizer through transformers'
+    AutoTokenizer, which reads a config.json beside it and fails on the model type (only the server loads
+    the ernie55 plugin that registers it); without one, tokenizer_config.json's class is used."""
+    d = out / "client-tokenizer"
+    d.mkdir(parents=True, exist_ok=True)
+    for f in ckpt.iterdir():
+        if f.name.startswith(("tokenizer", "special_tokens_map")) and f.is_file():
+            (d / f.name).write_bytes(f.read_bytes())
+    return d
+
+
+def run_client(url: str, ckpt: Path, run: dict, out: Path, tag: str) -> dict:
+    """One `sglang.benchmark.serving` run; its JSONL line, reduced to KEEP."""
+    res_file = out / f"client-{tag}.jsonl"
+    res_file.unlink(missing_ok=True)
+    tok = str(tokenizer_dir(ckpt, out))
+    cmd = [sys.executable, "-m", "sglang.benchmark.serving", "--backend", "sglang", "--base-url", url]
+    cmd += ["--tokenizer", tok, "--model", tok, "--seed", "1", "--disable-tqdm"]
+    cmd += ["--output-file", str(res_file), *run["args"]]
+    with open(out / f"client-{tag}.log", "w") as log:
+        log.write(" ".join(cmd) + "\n")
+        log.flush()
+        proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=3600)
+    text = res_file.read_text() if res_file.exists() else ""
+    if proc.returncode != 0 or not text.strip():
+        tail = (out / f"client-{tag}.log").read_text(errors="replace").splitlines()[-15:]
+        raise RuntimeError(
+            f"sglang.benchmark.serving exited {proc.returncode} ({tag}); its log's last lines:\n  "
+            + "\n  ".join(tail)
+        )
+    line = json.loads(text.strip().splitlines()[-1])
+    return {k: line.get(k) for k in KEEP}
+
+
+def main(argv=None) -> int:
+    a = parse_args(argv)
+    if a.table:
+        rows = [json.loads(ln) for f in a.table for ln in Path(f).read_text().splitlines() if ln.strip()]
+        print(table(rows))
+        return 0
+    t0 = time.monotonic()
+    import sglang
+    import torch
+
+    from benchmarks.bench_step import calibrate
+    from sglang_ernie55.cli import demo
+
+    device = "cpu" if a.cpu_smoke else "cuda"
+    if device == "cuda" and not torch.cuda.is_available():
+        print("no CUDA device: run with --cpu-smoke for the CPU pipeline check")
+        return 2
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    bw = calibrate(device)["copy_bytes_per_s"]
+    name = torch.cuda.get_device_properties(0).name if device == "cuda" else "CPU"
+    say(t0, f"{name}: copy bandwidth {bw / 1e12:.3g} TB/s (read + write), SGLang {sglang.__version__}")
+    ckpts = make_checkpoints(a, t0)
+    w = weight_bytes(ckpts.get("base") or ckpts["echo-exact"])
+    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    rows: list[dict] = []
+    skipped: list[str] = []
+    for config in a.configs:
+        if a.budget_s and time.monotonic() - t0 > a.budget_s:
+            skipped.append(f"{config}: every run (budget)")
+            continue
+        ckpt = ckpts[config]
+        port = demo._free_port()
+        cmd = demo.server_command(ckpt, port, device == "cpu", server_flags(a, config))
+        log_path = out / f"server-{config}.log"
+        say(t0, f"[{config}] starting: {' '.join(cmd[2:])}")
+        server = demo.Server(cmd, log_path)
+        clock = _Clock(t0)
+        try:
+            demo._wait_ready(server, f"http://127.0.0.1:{port}", a.start_timeout, clock)
+            startup = time.monotonic() - server.started
+            for run in workloads(a):
+                tag = f"{config}-{run['workload']}-c{run['concurrency']}"
+                if a.budget_s and time.monotonic() - t0 > a.budget_s:
+                    skipped.append(f"{tag} (budget)")
+                    continue
+                say(
+                    t0,
+                    f"[{config}] {run['workload']}: {run['prompts']} prompts at concurrency {run['concurrency']}",
+                )
+                res = run_client(f"http://127.0.0.1:{port}", ckpt, run, out, tag)
+                row = dict(
+                    stamp=stamp,
+                    device=name,
+                    sglang=sglang.__version__,
+                    checkpoint=ckpt.name,
+                    config=config,
+                    echo_steps=a.echo_steps if config != "base" else 0,
+                    workload=run["workload"],
+                    concurrency=run["concurrency"],
+                    prompts=run["prompts"],
+                    server_start_s=round(startup, 1),
+                    copy_bytes_per_s=bw,
+                    **res,
+                )
+                if config == "base" and run["workload"] == "random":
+                    row["step_weight_bytes"], row["roofline_tok_s"] = roofline_tok_s(
+                        w, run["concurrency"], bw
+                    )
+                rows.append(row)
+                with open(out / RESULT_FILE, "a") as f:
+                    f.write(json.dumps(row) + "\n")
+                say(
+                    t0,
+                    f"[{config}] {tag}: {res['completed']}/{run['prompts']} completed, "
+                    f"{res['output_throughput']:.1f} output tok/s, median TTFT {res['median_ttft_ms']:.0f} ms, "
+                    f"median ITL {res['median_itl_ms']:.1f} ms"
+                    + (f", accept length {res['accept_length']:.2f}" if res.get("accept_length") else ""),
+                )
+        except demo.DemoFailed as e:
+            print(str(e), flush=True)
+            return 1
+        finally:
+            say(t0, f"[{config}] server {server.stop()}")
+    text = table(rows) + ("\n\nNot run: " + "; ".join(skipped) if skipped else "")
+    (out / TABLE_FILE).write_text(text + "\n")
+    print(text, flush=True)
+    incomplete = [r for r in rows if r["completed"] != r["prompts"]]
+    if incomplete:
+        print(f"{len(incomplete)} run(s) did not complete every prompt: see the client logs under {out}")
+        return 1
+    return 0
+
+
+def _f(x, fmt: str) -> str:
+    return "-" if x is None else format(x, fmt)
+
+
+def table(rows: list[dict]) -> str:
+    if not rows:
+        return "(no runs)"
+    head = rows[0]
+    lines = [
+        f"SGLang {head['sglang']} on {head['device']}, measured {head['stamp']}; checkpoint {head['checkpoint']}; "
+        f"copy bandwidth {head['copy_bytes_per_s'] / 1e12:.3g} TB/s",
+        "",
+        "| config | workload | concurrency | prompts | completed | output tok/s | median TTFT ms | p99 TTFT ms "
+        "| median TPOT ms | median ITL ms | p99 ITL ms | accept length (server mean so far) "
+        "| weight-byte roofline tok/s | of roofline |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for r in rows:
+        roof = r.get("roofline_tok_s")
+        lines.append(
+            f"| {r['config']}{' x' + str(r['echo_steps']) if r['echo_steps'] else ''} | {r['workload']} | "
+            f"{r['concurrency']} | {r['prompts']} | {r['completed']} | {_f(r['output_throughput'], '.1f')} | "
+            f"{_f(r['median_ttft_ms'], '.0f')} | {_f(r['p99_ttft_ms'], '.0f')} | {_f(r['median_tpot_ms'], '.2f')} | "
+            f"{_f(r['median_itl_ms'], '.2f')} | {_f(r['p99_itl_ms'], '.2f')} | {_f(r['accept_length'], '.2f')} | "
+            f"{_f(roof, '.0f')} | {_f(r['output_throughput'] / roof if roof else None, '.2f')} |"
+        )
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

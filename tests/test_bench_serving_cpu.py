@@ -1,0 +1,140 @@
+"""benchmarks/bench_serving.py on the CPU: its flags, the weight-byte roofline from a checkpoint's headers, the
+table, and `--cpu-smoke` end to end (real `sglang.launch_server` servers, SGLang's own client, the plain
+server and the ECHO-exact one) where every run completes every prompt with every token asked for."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks import bench_serving as bsv
+from benchmarks.bench_step import experts_hit
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_flags_refuse_what_cannot_run(capsys):
+    for argv, word in (
+        (["--configs", "base,eagle3"], "eagle3"),
+        (["--concurrency", "1,x"], "--concurrency"),
+        (["--concurrency", "0"], "--concurrency"),
+        (["--echo-steps", "0"], "--echo-steps"),
+    ):
+        with pytest.raises(SystemExit) as e:
+            bsv.parse_args(argv)
+        assert e.value.code == 2 and word in capsys.readouterr().err, argv
+    a = bsv.parse_args(["--cpu-smoke", "--server-arg", "--tp 2", "--server-arg=--x"])
+    assert a.concurrency == [1, 2] and a.server_arg == ["--tp", "2", "--x"] and a.configs == list(bsv.CONFIGS)
+    a = bsv.parse_args([])
+    assert (a.concurrency, a.input_len, a.output_len) == ([1, 16, 64], 1024, 1024)
+
+
+@pytest.fixture(scope="module")
+def tiny_fp8(tmp_path_factory):
+    from sglang_ernie55.checkpoint.tiny import make_checkpoint
+
+    return make_checkpoint(tmp_path_factory.mktemp("bsv") / "fp8", dtype="fp8", seed=3)
+
+
+def test_weight_bytes_split_the_checkpoint(tiny_fp8):
+    """Every stored byte is counted once: fixed + routed experts + (embedding + ECHO, left out) = the shards'
+    tensor bytes; one expert entry per MoE layer."""
+    from safetensors import safe_open
+
+    from sglang_ernie55.checkpoint.loader import read_config
+
+    cfg = read_config(tiny_fp8)
+    w = bsv.weight_bytes(tiny_fp8)
+    total = skipped = 0
+    for f in tiny_fp8.glob("*.safetensors"):
+        with safe_open(str(f), "pt") as h:
+            for name in h.keys():
+                t = h.get_tensor(name)
+                total += t.numel() * t.element_size()
+                if name.startswith(("model.embed_tokens.", "echo.")):
+                    skipped += t.numel() * t.element_size()
+    assert w["fixed"] + sum(w["experts_per_layer"]) + skipped == total
+    moe_layers = sum(1 for i in range(cfg.num_hidden_layers) if i >= cfg.first_k_dense_replace)
+    assert len(w["experts_per_layer"]) == moe_layers and min(w["experts_per_layer"]) > 0
+    assert (w["E"], w["k"]) == (cfg.n_routed_experts, cfg.num_experts_per_tok)
+
+
+def test_roofline_reads_the_experts_the_batch_touches(tiny_fp8):
+    w = bsv.weight_bytes(tiny_fp8)
+    E, k, ex = w["E"], w["k"], sum(w["experts_per_layer"])
+    for batch in (1, 2, 64):
+        step, tok_s = bsv.roofline_tok_s(w, batch, bw=1e12)
+        assert step == pytest.approx(w["fixed"] + ex * experts_hit(E, k, batch) / E)
+        assert tok_s == pytest.approx(batch * 1e12 / step)
+    assert bsv.roofline_tok_s(w, 10**6, 1.0)[0] == pytest.approx(w["fixed"] + ex)  # every expert
+
+
+def test_table_has_a_row_per_run():
+    row = dict(
+        stamp="s",
+        device="d",
+        sglang="v",
+        checkpoint="c",
+        copy_bytes_per_s=2e12,
+        echo_steps=0,
+        workload="random",
+        concurrency=4,
+        prompts=8,
+        completed=8,
+        output_throughput=100.0,
+        median_ttft_ms=1.0,
+        p99_ttft_ms=2.0,
+        median_tpot_ms=3.0,
+        median_itl_ms=4.0,
+        p99_itl_ms=5.0,
+        accept_length=None,
+        config="base",
+        roofline_tok_s=400.0,
+    )
+    echo = dict(row, config="echo-exact", echo_steps=2, accept_length=2.87, roofline_tok_s=None)
+    text = bsv.table([row, echo])
+    assert "| base | random | 4 | 8 | 8 | 100.0 |" in text and "| 400 | 0.25 |" in text
+    assert "| echo-exact x2 | random |" in text and "| 2.87 | - | - |" in text
+
+
+@pytest.mark.slow
+def test_cpu_smoke(tmp_path):
+    """The plain server (random prompts at concurrency 2, and the shared-prefix workload) and the ECHO-exact
+    one (2 draft steps), each through SGLang's client: every prompt completes with all its tokens."""
+    from tests.shim_lib.ernie55_shim_lib import shim_pythonpath
+
+    out = tmp_path / "out"
+    env = dict(
+        os.environ,
+        PYTHONUNBUFFERED="1",
+        # the ECHO CPU server's two stand-ins (tests/echo/test_echo_server_cpu.py says why)
+        TRITON_INTERPRET="1",
+        PYTHONPATH=shim_pythonpath(ROOT / "tests" / "echo" / "cpu_spec_shim"),
+    )
+    cmd = [sys.executable, "benchmarks/bench_serving.py", "--cpu-smoke", "--configs", "base,echo-exact"]
+    cmd += ["--concurrency", "2", "--out", str(out), "--work", str(tmp_path / "work")]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1500)
+    log = proc.stdout[-6000:] + proc.stderr[-4000:]
+    assert proc.returncode == 0, log
+    rows = [json.loads(ln) for ln in (out / bsv.RESULT_FILE).read_text().splitlines()]
+    want = [
+        ("base", "random"),
+        ("base", "shared-prefix"),
+        ("echo-exact", "random"),
+        ("echo-exact", "shared-prefix"),
+    ]
+    assert [(r["config"], r["workload"]) for r in rows] == want, log
+    for r in rows:
+        per = 8  # the smoke's output length, in both workloads
+        assert r["completed"] == r["prompts"] and r["total_output_tokens"] == per * r["prompts"], r
+        assert r["output_throughput"] > 0 and r["median_ttft_ms"] > 0, r
+    assert rows[0]["roofline_tok_s"] > 0 and rows[0]["step_weight_bytes"] > 0
+    assert "ECHO draft attached:" in (out / "server-echo-exact.log").read_text()
+    assert (tmp_path / "work" / "tiny-echo-exact" / "echo_exact.json").is_file()
+    md = (out / bsv.TABLE_FILE).read_text()
+    assert md.count("| base |") == 2 and md.count("| echo-exact x2 |") == 2, md
