@@ -26,6 +26,12 @@ def allow_parsers() -> bool:
     return _flag("SGLANG_ERNIE55_ALLOW_PARSERS")
 
 
+def fused_decode_meta() -> bool:
+    """`SGLANG_ERNIE55_FUSED_META` (default 1): the kernel path builds a decode / verify batch's index rows in one
+    Triton launch (kernels/decode_meta.py); 0: in torch ops (`KernelPath.fixed_meta`)."""
+    return os.environ.get("SGLANG_ERNIE55_FUSED_META", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
 def sglang_plugins_whitelist() -> set[str] | None:
     """SGLang's own `SGLANG_PLUGINS` whitelist; `ernie55` must be in it when it is set."""
     raw = os.environ.get("SGLANG_PLUGINS", "")

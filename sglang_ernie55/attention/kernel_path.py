@@ -7,10 +7,13 @@ sparse decode behind the same `Scope` API where its geometry fits; every geometr
 from __future__ import annotations
 
 import dataclasses
+import logging
+import os
 
 import torch
 
 from ..configuration import LAYER_HCA, LAYER_MLA_DSA
+from ..kernels.decode_meta import decode_meta
 from ..kernels.hca_compress import hca_compress_store, hca_state_update
 from ..kernels.hca_meta import hca_indices
 from ..kernels.indexer import indexer_logits, indexer_topk
@@ -18,6 +21,8 @@ from ..kernels.kv_store import kv_store
 from ..kernels.sparse_attn import Scope, flashmla_sparse_attention, sparse_mqa_attention
 from ..layers.rope import cos_sin
 from .interface import HCAInputs, LayerInputs, MLAInputs, TokenRows
+
+logger = logging.getLogger(__name__)
 
 # query rows x key columns of one indexer chunk (64 MiB of fp32 logits): decode graphs are captured at the full
 # context width, where one [batch, context] chunk would take GiBs at 1M tokens
@@ -134,6 +139,50 @@ def _flashmla(
     return o[:, :h]
 
 
+def fused_meta_mismatch(path, dev) -> str:
+    """'' when `fused_fixed_meta` equals `fixed_meta` field for field on synthetic batches on `dev` at `path`'s
+    window, ratio and page size (shuffled pages, a padded row, positions inside and past the window and the
+    first compression blocks), else which field differs in which case."""
+    from types import SimpleNamespace
+
+    page = path.page_size
+    g = torch.Generator().manual_seed(0)
+    slots, width = 3, 4 * page
+    pages = torch.randperm(4 * slots + 2, generator=g)[: slots * 4] + 2  # page 0 stays SGLang's padding page
+    r2t = (pages.view(slots, 4, 1) * page + torch.arange(page)).view(slots, width).to(torch.int32).to(dev)
+    mapping = torch.randperm((4 * slots + 4) * page, generator=g).to(dev)
+    for mapped in (False, True):
+        pool = SimpleNamespace(page_size=page, is_hybrid_swa=mapped, full_to_swa_index_mapping=mapping)
+        pool.window_loc = (lambda full: mapping[full.long()]) if mapped else None
+        twin = KernelPath.__new__(KernelPath)
+        twin.pool, twin.req_to_token, twin.page_size = pool, r2t, page
+        twin.W, twin.ratio, twin.topk = path.W, path.ratio, path.topk
+        twin.page_starts = r2t[:, ::page]
+        for per_req in (1, 3):
+            req = torch.tensor([2, 0, 1], device=dev)
+            seq = torch.tensor([3 * page - 5, per_req + 1, 2 * page + path.ratio], device=dev)
+            loc = torch.stack([r2t[r, int(L) - per_req : int(L)].long() for r, L in zip(req.tolist(), seq)])
+            loc[1] = torch.arange(per_req, device=dev)  # a padded graph row (SGLang's padding page)
+            loc = loc.reshape(-1)
+            want = twin.fixed_meta(req, seq, loc, per_req, width)
+            got = twin.fused_fixed_meta(req, seq - per_req, per_req, loc, per_req, width)
+            for f in dataclasses.fields(KernelMeta):
+                if f.name == "sched":
+                    continue
+                a, b = getattr(want, f.name), getattr(got, f.name)
+                if f.name == "mla_chunks":
+                    same = a == b
+                else:
+                    xs, ys = (a, b) if f.name == "jobs" else ((a,), (b,))
+                    same = all(
+                        x.dtype == y.dtype and x.shape == y.shape and torch.equal(x, y)
+                        for x, y in zip(xs, ys)
+                    )
+                if not same:
+                    return f"{f.name}, {per_req} rows per request, window mapping {'on' if mapped else 'off'}"
+    return ""
+
+
 class KernelPath:
     """The kernel implementation of the layer kinds the backend gives it: one `KernelMeta` per forward, the
     compression cos / sin table, and one call per layer (HCA: store, compress, attend; MLA-DSA: store, index,
@@ -177,6 +226,7 @@ class KernelPath:
         self.page_starts = req_to_token[:, :: self.page_size]
         self.meta: KernelMeta | None = None
         self._rope_tables: dict = {}
+        self.fused_meta = self._fused_meta_works()
 
     # ------------------------------------------------------------------ metadata
     def init_extend(self, fb, split=None) -> None:
@@ -189,7 +239,13 @@ class KernelPath:
         self.meta = self.extend_meta(fb)
 
     def init_rows(self, rows: TokenRows) -> None:
-        self.meta = self.fixed_meta(rows.req, rows.seq_after, rows.loc, rows.per_req, rows.width)
+        if self.fused_meta:
+            add = 0 if rows.counted else rows.per_req
+            self.meta = self.fused_fixed_meta(
+                rows.req, rows.seq_lens, add, rows.loc, rows.per_req, rows.width
+            )
+        else:
+            self.meta = self.fixed_meta(rows.req, rows.seq_after, rows.loc, rows.per_req, rows.width)
 
     def init_graph_host(self, per_req: int, width: int) -> None:
         """Nothing on the host: the index rows are device ops, recorded into the graph (`init_graph_device`)."""
@@ -269,6 +325,57 @@ class KernelPath:
             nj,
             _mla_chunks([per_req] * B, [width] * B),
         )
+
+    def _window_mapping(self) -> torch.Tensor | None:
+        """The full -> window slot mapping `window_slots` gathers through (None: the window rows live in the
+        full pool)."""
+        if getattr(self.pool, "window_loc", None) is None or not getattr(self.pool, "is_hybrid_swa", False):
+            return None
+        m = self.pool.full_to_swa_index_mapping
+        if m is None:
+            self.pool.window_loc(torch.zeros(0, dtype=torch.int64))  # raises the pool's own error
+        return m
+
+    def fused_fixed_meta(self, req, seq_lens, seq_add: int, loc, per_req: int, width: int) -> KernelMeta:
+        """`fixed_meta` (sequence lengths after the batch: seq_lens + seq_add) in one Triton launch
+        (kernels/decode_meta.py), field for field the same."""
+        B = req.shape[0]
+        f = decode_meta(
+            req,
+            seq_lens,
+            loc.long(),
+            self.req_to_token,
+            self._window_mapping(),
+            per_req=per_req,
+            seq_add=seq_add,
+            window=self.W,
+            ratio=self.ratio,
+            page_size=self.page_size,
+            cmp_width=_ceil_to(max(1, -(-width // self.ratio)), FLASHMLA_TOPK_ALIGN),
+        )
+        return KernelMeta(loc=loc.long(), mla_chunks=tuple(_mla_chunks([per_req] * B, [width] * B)), **f)
+
+    def _fused_meta_works(self) -> bool:
+        """Whether to build fixed-shape batches with `fused_fixed_meta`: on (SGLANG_ERNIE55_FUSED_META) where
+        Triton runs (a CUDA device, or the interpreter) and where it equals `fixed_meta` on a small synthetic
+        batch here, at this path's window, ratio and page size, with and without a window mapping, one and
+        three rows per request (a padded row included). Checked once, at start-up, because a decode graph
+        records the metadata build; on any difference or error the torch build serves, with a warning."""
+        from ..envs import fused_decode_meta
+
+        dev = self.req_to_token.device
+        if not fused_decode_meta() or (dev.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1"):
+            return False
+        try:
+            bad = fused_meta_mismatch(self, dev)
+        except Exception as e:  # noqa: BLE001 (any failure: the torch build is always right)
+            bad = f"{type(e).__name__}: {e}"
+        if bad:
+            logger.warning(
+                f"ernie55 kernel path: the fused decode metadata build differs from the torch build on {dev} "
+                f"({bad}); decode and verify batches build their index rows in torch ops instead"
+            )
+        return not bad
 
     def extend_meta(self, fb) -> KernelMeta:
         """Extend (prefill, chunked prefill, prefix hits, mixed batches): ragged rows from the host lists."""

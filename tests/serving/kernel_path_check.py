@@ -300,7 +300,18 @@ class BackendRun:
             assert all(c.impl == impl for c in be.choice.values()), be.choice
         self.layers = Layers(cfg, device)
         self.g = torch.Generator().manual_seed(2)
-        self.report: dict = {"kv": kv, "device": device, "geometry": geometry, "steps": {}}
+        # whether decode / verify rows came from the fused metadata build (KernelPath.fused_fixed_meta)
+        fused = {
+            impl: all(getattr(i, "fused_meta", False) for i in be._distinct)
+            for impl, be in self.backs.items()
+        }
+        self.report: dict = {
+            "kv": kv,
+            "device": device,
+            "geometry": geometry,
+            "fused_meta": fused,
+            "steps": {},
+        }
 
     def extend(self, reqs, ns):
         prefix = [self.slots.lens[r] for r in reqs]

@@ -46,6 +46,7 @@ def test_kernel_path_equals_twin_in_the_backend(kv):
         "decode2",
         "graph_decode_padded",
     }
+    assert rep["fused_meta"] == {"triton": True}  # decode rows from the fused build (kernels/decode_meta.py)
     print(json.dumps(rep))
 
 
@@ -56,6 +57,7 @@ def test_kernel_path_verify_equals_twin(kv):
     and a page, rejected drafts re-verified over the same slots, the graph form with a padded request."""
     rep = _run("backend_verify", kv, "cpu", "tiny", "triton")
     assert set(rep["steps"]) == {"verify_cross_block", "verify_after_reject", "verify_graph_padded"}
+    assert rep["fused_meta"] == {"triton": True}
 
 
 @pytest.mark.slow

@@ -32,6 +32,8 @@ def _impls(kv: str) -> tuple[str, ...]:
 def test_backend_kernel_paths_equal_twin_full_width(kv):
     rep = kpc.run_backend(kv, "cuda", "full", _impls(kv))
     print(json.dumps(rep))
+    # decode rows from the fused build: its start-up check against the torch build passed on this GPU
+    assert all(rep["fused_meta"].values()), rep["fused_meta"]
 
 
 @pytest.mark.parametrize("kv", ["fp8_e4m3", "bfloat16"])
@@ -40,6 +42,7 @@ def test_backend_verify_equals_twin_full_width(kv):
     re-verified, the graph form with a padded request."""
     rep = kpc.run_backend_verify(kv, "cuda", "full", _impls(kv))
     print(json.dumps(rep))
+    assert all(rep["fused_meta"].values()), rep["fused_meta"]
 
 
 @pytest.mark.parametrize("kv", ["fp8_e4m3", "bfloat16"])

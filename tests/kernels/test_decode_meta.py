@@ -1,0 +1,106 @@
+"""The fused decode / verify metadata build (kernels/decode_meta.py, `KernelPath.fused_fixed_meta`) against the
+torch build it replaces (`KernelPath.fixed_meta`), field for field, on random batches: shuffled pages, padded
+CUDA-graph rows, several windows (not only powers of two), compress ratios and rows per request, with and
+without the SWA pool's window mapping; and the start-up check that falls back to the torch build."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from sglang_ernie55.attention import kernel_path as kp
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _path(window, ratio, page, slots, width, mapping=None, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    n_pages = width // page
+    pages = torch.randperm(slots * n_pages + 8, generator=g)[: slots * n_pages] + 1
+    r2t = (pages.view(slots, n_pages, 1) * page + torch.arange(page)).view(slots, width).to(torch.int32)
+    pool = SimpleNamespace(
+        page_size=page, is_hybrid_swa=mapping is not None, full_to_swa_index_mapping=mapping
+    )
+    pool.window_loc = None if mapping is None else (lambda full: mapping[full.long()])
+    cfg = SimpleNamespace(window_size=window, compress_ratio=ratio, index_topk=64)
+    return kp.KernelPath(pool, r2t.to(DEV), cfg)
+
+
+def _equal(want: kp.KernelMeta, got: kp.KernelMeta) -> None:
+    for f in dataclasses.fields(kp.KernelMeta):
+        a, b = getattr(want, f.name), getattr(got, f.name)
+        if f.name == "sched":
+            continue
+        if f.name == "mla_chunks":
+            assert a == b
+            continue
+        for x, y in zip(a, b) if f.name == "jobs" else [(a, b)]:
+            assert x.dtype == y.dtype and x.shape == y.shape, (f.name, x.dtype, y.dtype, x.shape, y.shape)
+            assert torch.equal(x, y), (f.name, (x != y).nonzero()[:5].tolist())
+
+
+@pytest.mark.parametrize(
+    "window,ratio,page,per_req,mapped",
+    [
+        (128, 128, 256, 1, True),
+        (128, 128, 256, 3, True),
+        (128, 128, 256, 1, False),
+        (64, 32, 256, 4, True),
+        (96, 64, 256, 2, False),
+        (100, 16, 128, 1, True),
+        (128, 128, 256, 130, True),  # a verify width past the ratio: two jobs per request
+    ],
+)
+def test_fused_equals_the_torch_build(window, ratio, page, per_req, mapped):
+    g = torch.Generator().manual_seed(window + ratio + per_req)
+    slots, width = 7, 6 * page
+    mapping = torch.randperm((slots * 6 + 9) * page, generator=g).to(DEV) if mapped else None
+    path = _path(window, ratio, page, slots, width, mapping, seed=per_req)
+    assert path.fused_meta  # the start-up check passed here
+    B = 5
+    req = torch.randperm(slots, generator=g)[:B]
+    seq = torch.randint(per_req + 1, width + 1, (B,), generator=g)
+    seq[0] = min(width, 2 * ratio)  # a block completes on this batch's last token
+    loc = torch.cat([path.req_to_token[r, int(L) - per_req : int(L)].cpu().long() for r, L in zip(req, seq)])
+    loc[per_req : 2 * per_req] = torch.arange(per_req) % page  # padded row: SGLang's padding page
+    req, seq, loc = req.to(DEV), seq.to(DEV), loc.to(DEV)
+    for w in (width, int(seq.max())):  # the graph width (context length) and an eager width
+        want = path.fixed_meta(req, seq, loc, per_req, w)
+        got = path.fused_fixed_meta(req, seq - per_req, per_req, loc, per_req, w)
+        _equal(want, got)
+        assert int((got.jobs[4] >= 0).sum()) >= 1  # a compression job ran in the comparison
+
+
+def test_empty_batch():
+    path = _path(128, 128, 256, 2, 512)
+    z = torch.zeros(0, dtype=torch.int64, device=DEV)
+    _equal(path.fixed_meta(z, z, z, 1, 512), path.fused_fixed_meta(z, z, 0, z, 1, 512))
+
+
+def test_start_up_check_falls_back_to_torch(monkeypatch, caplog):
+    """A fused build that differs from the torch build in one entry is caught at start-up: the path keeps the
+    torch build and says so. The switch turns it off; without CUDA or the interpreter it is off."""
+    real = kp.decode_meta
+
+    def off_by_one(*a, **k):
+        out = real(*a, **k)
+        out["cmp_len"] = out["cmp_len"] + (torch.arange(out["cmp_len"].numel(), device=DEV) == 1).int()
+        return out
+
+    monkeypatch.setattr(kp, "decode_meta", off_by_one)
+    with caplog.at_level(logging.WARNING):
+        path = _path(128, 128, 256, 3, 1024)
+    assert not path.fused_meta
+    assert "differs from the torch build" in caplog.text and "cmp_len" in caplog.text
+    monkeypatch.setattr(kp, "decode_meta", real)
+    assert _path(128, 128, 256, 3, 1024).fused_meta
+    monkeypatch.setenv("SGLANG_ERNIE55_FUSED_META", "0")
+    assert not _path(128, 128, 256, 3, 1024).fused_meta
+    monkeypatch.delenv("SGLANG_ERNIE55_FUSED_META")
+    if DEV == "cpu":
+        monkeypatch.delenv("TRITON_INTERPRET")
+        assert not _path(128, 128, 256, 3, 1024).fused_meta
