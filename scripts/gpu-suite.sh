@@ -22,7 +22,8 @@ fi
 # last on the search path, so the machine's own copies win.
 if [ -f .peers/mooncake.tar.xz ]; then
   mkdir -p /tmp/mooncake && tar -C /tmp/mooncake -xJf .peers/mooncake.tar.xz
-  export PYTHONPATH="$PYTHONPATH:/tmp/mooncake" LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}/tmp/mooncake/syslib"
+  # first on the path: a non-CUDA Mooncake installed in the runtime must not shadow the staged CUDA build
+  export PYTHONPATH="/tmp/mooncake${PYTHONPATH:+:$PYTHONPATH}" LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}/tmp/mooncake/syslib"
 fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt"
 args=("$@"); [ ${#args[@]} -eq 0 ] && args=(tests)

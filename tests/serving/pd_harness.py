@@ -36,10 +36,21 @@ def mooncake_missing() -> str | None:
     try:
         from mooncake.engine import TransferEngine  # noqa: F401
     except ImportError as e:
+        import torch
+
+        if torch.cuda.is_available():
+            how = (
+                "on this CUDA machine install Mooncake's CUDA build (`pip install "
+                "mooncake-transfer-engine-cuda13`; the `pd` extra's non-CUDA build cannot move GPU memory)"
+            )
+        else:
+            how = (
+                "on a machine without CUDA install this project's `pd` extra (`pip install -e '.[pd]'`: "
+                "mooncake-transfer-engine-non-cuda)"
+            )
         return (
-            f"Mooncake's transfer engine does not import ({e}); on a machine without CUDA install this project's "
-            "`pd` extra (`pip install -e '.[pd]'`: mooncake-transfer-engine-non-cuda) and the RDMA verbs library "
-            "it links (`apt-get install libibverbs1`)"
+            f"Mooncake's transfer engine does not import ({e}); {how}, and the RDMA verbs library it links "
+            "(`apt-get install libibverbs1`)"
         )
     return None
 
