@@ -96,19 +96,6 @@ SERVER_TIMEOUT_S = 300  # a hung start must not eat the device command's 10 minu
 OUT = Path(os.environ.get("OUT") or os.environ.get("SERVING_LOG_DIR") or "gpu-out")
 
 
-def spec_flags(steps: int) -> tuple[str, ...]:
-    return (
-        "--speculative-algorithm",
-        "EAGLE",
-        "--speculative-num-steps",
-        str(steps),
-        "--speculative-eagle-topk",
-        "1",
-        "--speculative-num-draft-tokens",
-        str(steps + 1),
-    )
-
-
 def record(**data) -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     with open(OUT / "echo-results.jsonl", "a") as f:
@@ -238,7 +225,7 @@ def test_echo_server(kind, steps, extend_graph, ckpts, prompts, cfg, tmp_path):
     dump.mkdir()
     env = {} if extend_graph else {"SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH": "1"}
     name = f"echo-{kind}-s{steps}{'' if extend_graph else '-eagerext'}"
-    run = _serve(name, path, prompts, cfg, *spec_flags(steps), dump_dir=str(dump), env=env)
+    run = _serve(name, path, prompts, cfg, *echo_checks.spec_flags(steps), dump_dir=str(dump), env=env)
     graphs = extend_graph_state(run["log"])
     metas = [o["meta"] for o in run["outs"]]
     accept = [m.get("spec_accept_length") for m in metas]

@@ -165,14 +165,7 @@ def test_deterministic_echo_identical(ckpt, prompts, steps):
         f"det-echo-s{steps}",
         ckpt,
         prompts,
-        "--speculative-algorithm",
-        "EAGLE",
-        "--speculative-num-steps",
-        str(steps),
-        "--speculative-eagle-topk",
-        "1",
-        "--speculative-num-draft-tokens",
-        str(steps + 1),
+        *echo_checks.spec_flags(steps),
     )
     got = run["rounds"]["concurrent"]
     rep = _compare(f"echo_s{steps}", base, got, prompts)
