@@ -56,7 +56,7 @@ def decode_meta_kernel(
         tl.store(pt_ptr + b.to(tl.int64) * n_pages + i, (v // PAGE).to(tl.int32), mask=i < n_pages)
     # padded CUDA-graph rows point into SGLang's padding page: no state row, no compression job
     valid_req = tl.load(loc_ptr + b.to(tl.int64) * PER_REQ) >= PAGE
-    for k in tl.static_range(PER_REQ):
+    for k in range(0, PER_REQ):
         t = b.to(tl.int64) * PER_REQ + k
         pos = P + k
         loc = tl.load(loc_ptr + t).to(tl.int64)
