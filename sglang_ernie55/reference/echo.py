@@ -211,17 +211,24 @@ def echo_exact_copy(src, dst, *, seed: int = 0, eps: float = 0.02, force: bool =
         for f in src.iterdir():
             if f.is_file() and f.suffix != ".safetensors":
                 shutil.copy2(f, tmp / f.name)
-        values = {name: make() for name, make in new.items()}  # h_proj draws after sigma, as make_echo_exact_
+        # the stored form of every rebuilt tensor (an FP8 weight and its scale are two names, possibly in two
+        # shards); h_proj draws after sigma, as in make_echo_exact_
+        stored = {}
+        for name, make in new.items():
+            stored.update(storage_form(name, make(), spec[name].kind, fmt))
         for k, file in enumerate(reader.files, 1):
             with safe_open(str(src / file), framework="pt", device="cpu") as h:
                 tensors = {name: h.get_tensor(name) for name in h.keys()}
-            for name in [n for n in tensors if n in new]:
-                tensors.update(storage_form(name, values[name], spec[name].kind, fmt))
-            for name in [n for n in tensors if n in scaled]:
-                if name + SCALE_SUFFIX in tensors:
-                    tensors[name + SCALE_SUFFIX] = tensors[name + SCALE_SUFFIX] * eps
-                else:
-                    tensors[name] = (tensors[name].float() * eps).to(tensors[name].dtype)
+            for name, t in tensors.items():
+                base = name.removesuffix(SCALE_SUFFIX)
+                if name in stored:
+                    tensors[name] = stored[name]
+                elif base not in scaled:
+                    continue
+                elif name != base:  # an FP8 block scale: W = codes x scale, so eps goes here
+                    tensors[name] = t * eps
+                elif t.dtype != torch.float8_e4m3fn:  # FP8 codes stay as they are
+                    tensors[name] = (t.float() * eps).to(t.dtype)
             save_file(tensors, str(tmp / file), metadata={"format": "pt"})
             _log(progress, f"ECHO-exact: wrote {file} ({k}/{len(reader.files)})")
         (tmp / "echo_exact.json").write_text(

@@ -208,4 +208,39 @@ def test_echo_exact_copy_changes_only_the_construction(exact_copy):
                 else:
                     assert torch.equal(x.view(torch.uint8), y.view(torch.uint8)), name
     assert scaled >= 5 and changed >= 6, (scaled, changed)
-    torch.testing.assert_close(r.tensor("echo.e_proj.weight"), torch.eye(r.config.hidden_size), rtol=0, atol=0)
+    torch.testing.assert_close(
+        r.tensor("echo.e_proj.weight"), torch.eye(r.config.hidden_size), rtol=0, atol=0
+    )
+
+
+def test_echo_exact_copy_scales_fp8_weights_whose_scale_sits_in_another_shard(tmp_path):
+    """A checkpoint may store an FP8 weight and its block scale in different shards: the codes stay, the scale
+    takes eps, wherever each of them is."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    from sglang_ernie55.checkpoint.loader import CheckpointReader
+    from sglang_ernie55.checkpoint.tiny import make_checkpoint
+
+    src = make_checkpoint(tmp_path / "src", dtype="fp8", seed=1)
+    index = json.loads((src / "model.safetensors.index.json").read_text())
+    wmap = index["weight_map"]
+    moved = "model.layers.1.self_attn.o_proj.weight_scale_inv"
+    home = wmap[moved]
+    other = next(f for f in sorted(set(wmap.values())) if f != home)
+    a, b = load_file(str(src / home)), load_file(str(src / other))
+    b[moved] = a.pop(moved)
+    save_file(a, str(src / home), metadata={"format": "pt"})
+    save_file(b, str(src / other), metadata={"format": "pt"})
+    wmap[moved] = other
+    (src / "model.safetensors.index.json").write_text(json.dumps(index))
+    E.echo_exact_copy(src, tmp_path / "exact", eps=0.02)
+    name = "model.layers.1.self_attn.o_proj.weight"
+    before, after = CheckpointReader(src), CheckpointReader(tmp_path / "exact")
+    after.check()
+    assert (
+        json.loads((tmp_path / "exact" / "model.safetensors.index.json").read_text())["weight_map"][moved]
+        == other
+    )
+    torch.testing.assert_close(after.tensor(name), before.tensor(name) * 0.02, rtol=1e-6, atol=0)
