@@ -166,20 +166,28 @@ def fused_meta_mismatch(path, dev) -> str:
             loc = loc.reshape(-1)
             want = twin.fixed_meta(req, seq, loc, per_req, width)
             got = twin.fused_fixed_meta(req, seq - per_req, per_req, loc, per_req, width)
-            for f in dataclasses.fields(KernelMeta):
-                if f.name == "sched":
-                    continue
-                a, b = getattr(want, f.name), getattr(got, f.name)
-                if f.name == "mla_chunks":
-                    same = a == b
-                else:
-                    xs, ys = (a, b) if f.name == "jobs" else ((a,), (b,))
-                    same = all(
-                        x.dtype == y.dtype and x.shape == y.shape and torch.equal(x, y)
-                        for x, y in zip(xs, ys)
-                    )
-                if not same:
-                    return f"{f.name}, {per_req} rows per request, window mapping {'on' if mapped else 'off'}"
+            field = meta_difference(want, got)
+            if field:
+                return f"{field}, {per_req} rows per request, window mapping {'on' if mapped else 'off'}"
+    return ""
+
+
+def meta_difference(want: KernelMeta, got: KernelMeta) -> str:
+    """The first field in which two metadata differ (dtype, shape or any value; the FlashMLA schedules, which
+    the first layer fills, aside), or ''."""
+    for f in dataclasses.fields(KernelMeta):
+        if f.name == "sched":
+            continue
+        a, b = getattr(want, f.name), getattr(got, f.name)
+        if f.name == "mla_chunks":
+            same = a == b
+        else:
+            xs, ys = (a, b) if f.name == "jobs" else ((a,), (b,))
+            same = len(xs) == len(ys) and all(
+                x.dtype == y.dtype and x.shape == y.shape and torch.equal(x, y) for x, y in zip(xs, ys)
+            )
+        if not same:
+            return f.name
     return ""
 
 

@@ -31,16 +31,10 @@ def _path(window, ratio, page, slots, width, mapping=None, seed=0):
 
 
 def _equal(want: kp.KernelMeta, got: kp.KernelMeta) -> None:
-    for f in dataclasses.fields(kp.KernelMeta):
-        a, b = getattr(want, f.name), getattr(got, f.name)
-        if f.name == "sched":
-            continue
-        if f.name == "mla_chunks":
-            assert a == b
-            continue
-        for x, y in zip(a, b) if f.name == "jobs" else [(a, b)]:
-            assert x.dtype == y.dtype and x.shape == y.shape, (f.name, x.dtype, y.dtype, x.shape, y.shape)
-            assert torch.equal(x, y), (f.name, (x != y).nonzero()[:5].tolist())
+    field = kp.meta_difference(want, got)
+    if field:
+        x, y = getattr(want, field), getattr(got, field)
+        raise AssertionError(f"{field} differs: torch build {x}, fused build {y}")
 
 
 @pytest.mark.parametrize(
@@ -79,6 +73,21 @@ def test_empty_batch():
     path = _path(128, 128, 256, 2, 512)
     z = torch.zeros(0, dtype=torch.int64, device=DEV)
     _equal(path.fixed_meta(z, z, z, 1, 512), path.fused_fixed_meta(z, z, 0, z, 1, 512))
+
+
+def test_meta_difference_names_the_field():
+    path = _path(128, 128, 256, 3, 1024)
+    req, seq = torch.tensor([1, 2], device=DEV), torch.tensor([300, 700], device=DEV)
+    loc = torch.stack([path.req_to_token[r, int(L) - 1].long() for r, L in zip(req.tolist(), seq)])
+    a = path.fixed_meta(req, seq, loc, 1, 1024)
+    assert kp.meta_difference(a, path.fused_fixed_meta(req, seq - 1, 1, loc, 1, 1024)) == ""
+    for field, bad in (
+        ("win_len", dataclasses.replace(a, win_len=a.win_len + 1)),
+        ("page_table", dataclasses.replace(a, page_table=a.page_table.long())),  # dtype alone
+        ("jobs", dataclasses.replace(a, jobs=a.jobs[:4] + (a.jobs[4] - 1,))),
+        ("mla_chunks", dataclasses.replace(a, mla_chunks=())),
+    ):
+        assert kp.meta_difference(a, bad) == field
 
 
 def test_start_up_check_falls_back_to_torch(monkeypatch, caplog):
