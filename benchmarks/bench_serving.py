@@ -367,7 +367,11 @@ def main(argv=None) -> int:
     stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     rows: list[dict] = []
     skipped: list[str] = []
+    failed = ""
     for config in a.configs:
+        if failed:
+            skipped.append(f"{config}: every run (an earlier failure)")
+            continue
         if a.budget_s and time.monotonic() - t0 > a.budget_s:
             skipped.append(f"{config}: every run (budget)")
             continue
@@ -419,14 +423,16 @@ def main(argv=None) -> int:
                     f"median ITL {res['median_itl_ms']:.1f} ms"
                     + (f", accept length {res['accept_length']:.2f}" if res.get("accept_length") else ""),
                 )
-        except demo.DemoFailed as e:
-            print(str(e), flush=True)
-            return 1
+        except (demo.DemoFailed, RuntimeError) as e:  # a server that did not start, a client that failed
+            failed = str(e)
+            print(failed, flush=True)
         finally:
             say(t0, f"[{config}] server {server.stop()}")
     text = table(rows) + ("\n\nNot run: " + "; ".join(skipped) if skipped else "")
     (out / TABLE_FILE).write_text(text + "\n")
     print(text, flush=True)
+    if failed:
+        return 1
     incomplete = [r for r in rows if r["completed"] != r["prompts"]]
     if incomplete:
         print(f"{len(incomplete)} run(s) did not complete every prompt: see the client logs under {out}")
