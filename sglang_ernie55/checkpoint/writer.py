@@ -8,6 +8,7 @@ renamed into place at the end, removed on any error).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -160,6 +161,29 @@ def _prepare_target(out: Path, force: bool) -> None:
         )
 
 
+@contextlib.contextmanager
+def staged_checkpoint_dir(out: Path, force: bool):
+    """A temporary sibling of `out` to write a checkpoint into, renamed to `out` when the block ends without an
+    error and removed when it raises: `out` appears complete or not at all. An existing `out` is replaced only
+    with `force` and only if it holds a checkpoint (`_prepare_target`)."""
+    _prepare_target(out, force)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes it 0700; a checkpoint is read by servers
+        yield tmp
+        if out.exists():
+            old = out.with_name(f".{out.name}.old-{os.getpid()}")
+            os.replace(out, old)
+            os.replace(tmp, out)
+            shutil.rmtree(old)
+        else:
+            os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
 def write_checkpoint(
     out_dir: str | Path,
     config: Ernie55Config,
@@ -189,11 +213,7 @@ def write_checkpoint(
         state = tensors
         tensors = ((name, state[name]) for name in spec)
     out = Path(out_dir).absolute()
-    _prepare_target(out, force)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
-        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes it 0700; a checkpoint is read by servers
+    with staged_checkpoint_dir(out, force) as tmp:
         (tmp / "config.json").write_text(json.dumps(config_json(config, fmt), indent=2) + "\n")
         (tmp / "generation_config.json").write_text(
             json.dumps(generation_config_json(config), indent=2) + "\n"
@@ -232,14 +252,4 @@ def write_checkpoint(
             f"{len(index['weight_map'])} tensors in {len(shards.shards)} shards, "
             f"{shards.total_bytes / 1e6:.1f} MB ({fmt})",
         )
-        if out.exists():
-            old = out.with_name(f".{out.name}.old-{os.getpid()}")
-            os.replace(out, old)
-            os.replace(tmp, out)
-            shutil.rmtree(old)
-        else:
-            os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out

@@ -162,9 +162,7 @@ def echo_exact_copy(src, dst, *, seed: int = 0, eps: float = 0.02, force: bool =
     through their block scales (codes unchanged); the new lm_head, ECHO projections and norms are stored
     as the writer stores them. Atomic: `dst` appears complete or not at all."""
     import json
-    import os
     import shutil
-    import tempfile
     from pathlib import Path
 
     from safetensors import safe_open
@@ -172,7 +170,7 @@ def echo_exact_copy(src, dst, *, seed: int = 0, eps: float = 0.02, force: bool =
 
     from ..checkpoint.loader import CheckpointReader
     from ..checkpoint.spec import SCALE_SUFFIX
-    from ..checkpoint.writer import _log, _prepare_target, storage_form
+    from ..checkpoint.writer import _log, staged_checkpoint_dir, storage_form
 
     src, dst = Path(src), Path(dst).absolute()
     reader = CheckpointReader(src, progress)
@@ -203,11 +201,7 @@ def echo_exact_copy(src, dst, *, seed: int = 0, eps: float = 0.02, force: bool =
     missing = [n for n in new if n not in spec]
     if missing or not scaled:
         raise ValueError(f"{src}: no tensor(s) {missing or list(ECHO_EXACT_SCALED)} to build ECHO-exact from")
-    _prepare_target(dst, force)
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.tmp-", dir=dst.parent))
-    try:
-        os.chmod(tmp, 0o755)
+    with staged_checkpoint_dir(dst, force) as tmp:
         for f in src.iterdir():
             if f.is_file() and f.suffix != ".safetensors":
                 shutil.copy2(f, tmp / f.name)
@@ -234,16 +228,6 @@ def echo_exact_copy(src, dst, *, seed: int = 0, eps: float = 0.02, force: bool =
         (tmp / "echo_exact.json").write_text(
             json.dumps({"seed": seed, "eps": eps, "source": str(src)}) + "\n"
         )
-        if dst.exists():
-            old = dst.with_name(f".{dst.name}.old-{os.getpid()}")
-            os.replace(dst, old)
-            os.replace(tmp, dst)
-            shutil.rmtree(old)
-        else:
-            os.replace(tmp, dst)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return sigma
 
 
