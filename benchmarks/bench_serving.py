@@ -190,7 +190,7 @@ def roofline_tok_s(w: dict, batch: int, bw: float) -> tuple[float, float]:
 
 
 # ---------------------------------------------------------------------------------------------- runs
-def _Clock(t0: float):
+def _progress_clock(t0: float):
     """The demo's server clock (its start-up progress lines), printing as this benchmark does."""
     from sglang_ernie55.cli import demo
 
@@ -381,7 +381,7 @@ def main(argv=None) -> int:
         log_path = out / f"server-{config}.log"
         say(t0, f"[{config}] starting: {' '.join(cmd[2:])}")
         server = demo.Server(cmd, log_path)
-        clock = _Clock(t0)
+        clock = _progress_clock(t0)
         try:
             demo._wait_ready(server, f"http://127.0.0.1:{port}", a.start_timeout, clock)
             startup = time.monotonic() - server.started

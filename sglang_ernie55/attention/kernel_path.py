@@ -151,13 +151,11 @@ def fused_meta_mismatch(path, dev) -> str:
     pages = torch.randperm(4 * slots + 2, generator=g)[: slots * 4] + 2  # page 0 stays SGLang's padding page
     r2t = (pages.view(slots, 4, 1) * page + torch.arange(page)).view(slots, width).to(torch.int32).to(dev)
     mapping = torch.randperm((4 * slots + 4) * page, generator=g).to(dev)
+    cfg = SimpleNamespace(window_size=path.W, compress_ratio=path.ratio, index_topk=path.topk)
     for mapped in (False, True):
         pool = SimpleNamespace(page_size=page, is_hybrid_swa=mapped, full_to_swa_index_mapping=mapping)
         pool.window_loc = (lambda full: mapping[full.long()]) if mapped else None
-        twin = KernelPath.__new__(KernelPath)
-        twin.pool, twin.req_to_token, twin.page_size = pool, r2t, page
-        twin.W, twin.ratio, twin.topk = path.W, path.ratio, path.topk
-        twin.page_starts = r2t[:, ::page]
+        twin = KernelPath(pool, r2t, cfg, fused_meta=False)
         for per_req in (1, 3):
             req = torch.tensor([2, 0, 1], device=dev)
             seq = torch.tensor([3 * page - 5, per_req + 1, 2 * page + path.ratio], device=dev)
@@ -225,7 +223,9 @@ class KernelPath:
         flashmla: frozenset[str] = frozenset(),
         split_keys: int | None = None,
         query_dtype: torch.dtype = torch.bfloat16,
+        fused_meta: bool | None = None,
     ):
+        """fused_meta: build decode / verify rows with `fused_fixed_meta` (None: where `_fused_meta_works`)."""
         self.pool, self.req_to_token = pool, req_to_token
         self.page_size = pool.page_size
         self.W, self.ratio, self.topk = cfg.window_size, cfg.compress_ratio, cfg.index_topk
@@ -234,7 +234,7 @@ class KernelPath:
         self.page_starts = req_to_token[:, :: self.page_size]
         self.meta: KernelMeta | None = None
         self._rope_tables: dict = {}
-        self.fused_meta = self._fused_meta_works()
+        self.fused_meta = self._fused_meta_works() if fused_meta is None else fused_meta
 
     # ------------------------------------------------------------------ metadata
     def init_extend(self, fb, split=None) -> None:
