@@ -151,27 +151,22 @@ def weight_bytes(ckpt: Path) -> dict:
     """From the safetensors headers: the bytes one decode step reads whatever the batch (every tensor but the
     embedding, which is gathered by row, and the ECHO layer's own), and per MoE layer the routed experts'
     bytes, their count and top-k."""
-    from safetensors import safe_open
+    import math
 
-    from sglang_ernie55.checkpoint.loader import read_config
+    from sglang_ernie55.checkpoint.loader import CheckpointReader
 
-    cfg = read_config(ckpt)
+    reader = CheckpointReader(ckpt)  # scans the headers only
     fixed, experts = 0, {}
-    for f in sorted(ckpt.glob("*.safetensors")):
-        with safe_open(str(f), "pt") as h:
-            for name in h.keys():
-                sl = h.get_slice(name)
-                n = 1
-                for d in sl.get_shape():
-                    n *= d
-                nbytes = n * {"F8_E4M3": 1, "BF16": 2, "F16": 2, "F32": 4}.get(sl.get_dtype(), 4)
-                if name.startswith(("model.embed_tokens.", "echo.")):
-                    continue
-                if ".mlp.experts." in name:
-                    layer = int(name.split(".")[2])
-                    experts[layer] = experts.get(layer, 0) + nbytes
-                else:
-                    fixed += nbytes
+    for name, (shape, dtype) in reader.stored.items():
+        nbytes = math.prod(shape) * dtype.itemsize
+        if name.startswith(("model.embed_tokens.", "echo.")):
+            continue
+        if ".mlp.experts." in name:
+            layer = int(name.split(".")[2])
+            experts[layer] = experts.get(layer, 0) + nbytes
+        else:
+            fixed += nbytes
+    cfg = reader.config
     return dict(
         fixed=fixed,
         experts_per_layer=list(experts.values()),
