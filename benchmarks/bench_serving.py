@@ -347,6 +347,7 @@ def main(argv=None) -> int:
 
     from benchmarks.bench_step import calibrate
     from sglang_ernie55.cli import demo
+    from sglang_ernie55.ports import free_port
 
     device = "cpu" if a.cpu_smoke else "cuda"
     if device == "cuda" and not torch.cuda.is_available():
@@ -371,7 +372,7 @@ def main(argv=None) -> int:
             skipped.append(f"{config}: every run (budget)")
             continue
         ckpt = ckpts[config]
-        port = demo._free_port()
+        port = free_port()
         cmd = demo.server_command(ckpt, port, device == "cpu", server_flags(a, config))
         log_path = out / f"server-{config}.log"
         say(t0, f"[{config}] starting: {' '.join(cmd[2:])}")

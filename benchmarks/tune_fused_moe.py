@@ -35,7 +35,6 @@ import io
 import json
 import math
 import os
-import socket
 import sys
 import tarfile
 import time
@@ -215,9 +214,9 @@ def init_sglang() -> None:
     from sglang.srt.runtime_context import SpawnRanks, get_parallel, publish, reset_context
     from sglang.srt.server_args import ServerArgs
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    from sglang_ernie55.ports import free_port
+
+    port = free_port(server=False)
     os.environ.update(
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0"
     )

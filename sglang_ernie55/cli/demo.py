@@ -12,7 +12,6 @@ import os
 import re
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -20,6 +19,8 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+
+from ..ports import free_port
 
 HELP = "make a tiny ERNIE-5.5 checkpoint, serve it with SGLang (GPU, or CPU) and compare one completion"
 
@@ -135,12 +136,6 @@ class _Clock:
 
     def say(self, msg: str) -> None:
         print(f"[ernie55-demo {self.elapsed():6.1f}s] {msg}", flush=True)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _log_lines(path: Path) -> list[str]:
@@ -474,7 +469,7 @@ class _Demo:
             )
         else:
             say("CUDA GPU found: the server gets no flag but the model path (the plugin picks the defaults)")
-        port = args.port or _free_port()
+        port = args.port or free_port()
         cmd = server_command(ckpt, port, cpu, extra)
         log_path = Path(str(ckpt) + ".server.log")
         say(f"starting the server: {shlex.join(cmd)}")

@@ -12,11 +12,9 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -34,22 +32,12 @@ def mem_fraction(default: str) -> str:
     return os.environ.get("SERVING_MEM_FRACTION", default)
 
 
-_GIVEN_PORTS: set[int] = set()
-_PORT_LOCK = threading.Lock()
+def free_port(server: bool = True) -> int:
+    """`sglang_ernie55.ports.free_port`: below the ephemeral range, never handed out twice, and for a server
+    with SGLang's attention-DP ports (port + 233 .. + 239) free too."""
+    from sglang_ernie55.ports import free_port as pick
 
-
-def free_port() -> int:
-    """A free loopback port that this process has not handed out before: servers started at once (a PD pair's
-    two threads) bind theirs only minutes later, and the kernel may give two quick `bind(0)` calls the same port
-    (measured: a prefill and a decode server both given one port, the first one up answering for both)."""
-    with _PORT_LOCK:
-        while True:
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                port = s.getsockname()[1]
-            if port not in _GIVEN_PORTS:
-                _GIVEN_PORTS.add(port)
-                return port
+    return pick(server=server)
 
 
 def cpu_flags(**flags) -> list[str]:

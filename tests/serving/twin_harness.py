@@ -7,7 +7,6 @@ does (page 256, slot 0..255 = padding page, prefix hits share pages).
 
 from __future__ import annotations
 
-import socket
 from types import SimpleNamespace
 
 import torch
@@ -16,9 +15,9 @@ from sglang_ernie55.configuration import SERVING_PAGE_SIZE
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    from sglang_ernie55.ports import free_port as pick
+
+    return pick(server=False)
 
 
 def init_dist() -> None:
