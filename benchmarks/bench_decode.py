@@ -28,7 +28,7 @@ import triton
 
 from sglang_ernie55.configuration import HCA_COMPRESS_RATIO, SERVING_PAGE_SIZE
 from sglang_ernie55.kernels import layout as L
-from sglang_ernie55.kernels.indexer import indexer_logits, indexer_topk
+from sglang_ernie55.kernels.indexer import indexer_logits, indexer_topk, indexer_topk_torch
 from sglang_ernie55.kernels.kv_store import kv_store
 from sglang_ernie55.kernels.sparse_attn import (
     LAST_COMPILED,
@@ -512,6 +512,7 @@ def main():
                 ms = bench(functools.partial(indexer_logits, qI, w, pool, g, pt, qr, qp, ctx, **ikw))
                 lg = indexer_logits(qI, w, pool, g, pt, qr, qp, ctx)
                 ms_topk = bench(functools.partial(indexer_topk, lg, qp, 2048, pt, qr))
+                ms_topk_torch = bench(functools.partial(indexer_topk_torch, lg, qp, 2048, pt, qr))
                 rows.append(
                     dict(
                         kernel="indexer logits",
@@ -522,6 +523,7 @@ def main():
                         tbs=nbytes / ms / 1e9,
                         flashmla_us=None,
                         topk_us=ms_topk * 1e3,
+                        topk_torch_us=ms_topk_torch * 1e3,
                     )
                 )
                 pool = lg = None
@@ -538,7 +540,11 @@ def main():
     for r in rows:
         ctx = "-" if r["ctx"] is None else (f"{r['ctx'] // 1024}K" if r["ctx"] < (1 << 20) else "1M")
         f = r["flashmla_us"]
-        extra = "top-k {:.1f} us".format(r["topk_us"]) if "topk_us" in r else ""
+        extra = (
+            "top-k {:.1f} us (torch top-k {:.1f} us)".format(r["topk_us"], r["topk_torch_us"])
+            if "topk_us" in r
+            else ""
+        )
         fcol = "-" if f is None else f"{f:.1f}"
         ratio = "-" if f is None else "{:.2f}x".format(r["us"] / f)
         pct = 100 * r["tbs"] / bw

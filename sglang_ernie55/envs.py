@@ -32,6 +32,12 @@ def fused_decode_meta() -> bool:
     return os.environ.get("SGLANG_ERNIE55_FUSED_META", "1").strip().lower() not in ("0", "false", "no", "off")
 
 
+def fused_topk() -> bool:
+    """`SGLANG_ERNIE55_FUSED_TOPK` (default 1): the kernel path selects the indexer's top-k as cache slots in one
+    Triton launch (kernels/indexer.py `indexer_topk`); 0: in torch ops (`indexer_topk_torch`)."""
+    return os.environ.get("SGLANG_ERNIE55_FUSED_TOPK", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
 def sglang_plugins_whitelist() -> set[str] | None:
     """SGLang's own `SGLANG_PLUGINS` whitelist; `ernie55` must be in it when it is set."""
     raw = os.environ.get("SGLANG_PLUGINS", "")

@@ -16,7 +16,7 @@ from ..configuration import LAYER_HCA, LAYER_MLA_DSA
 from ..kernels.decode_meta import decode_meta
 from ..kernels.hca_compress import hca_compress_store, hca_state_update
 from ..kernels.hca_meta import hca_indices
-from ..kernels.indexer import indexer_logits, indexer_topk
+from ..kernels.indexer import indexer_logits, indexer_topk, indexer_topk_torch
 from ..kernels.kv_store import kv_store
 from ..kernels.sparse_attn import Scope, flashmla_sparse_attention, sparse_mqa_attention
 from ..layers.rope import cos_sin
@@ -155,7 +155,7 @@ def fused_meta_mismatch(path, dev) -> str:
     for mapped in (False, True):
         pool = SimpleNamespace(page_size=page, is_hybrid_swa=mapped, full_to_swa_index_mapping=mapping)
         pool.window_loc = (lambda full: mapping[full.long()]) if mapped else None
-        twin = KernelPath(pool, r2t, cfg, fused_meta=False)
+        twin = KernelPath(pool, r2t, cfg, fused_meta=False, fused_topk=False)
         for per_req in (1, 3):
             req = torch.tensor([2, 0, 1], device=dev)
             seq = torch.tensor([3 * page - 5, per_req + 1, 2 * page + path.ratio], device=dev)
@@ -167,6 +167,37 @@ def fused_meta_mismatch(path, dev) -> str:
             field = meta_difference(want, got)
             if field:
                 return f"{field}, {per_req} rows per request, window mapping {'on' if mapped else 'off'}"
+    return ""
+
+
+def fused_topk_mismatch(path, dev) -> str:
+    """'' when `indexer_topk` selects the same cache slots as `indexer_topk_torch` (as sets; the kernel writes them
+    in position order) with the same lengths and -1 padding, on synthetic logits on `dev` at `path`'s top-k and
+    page size: rows shorter and longer than the top-k, many equal logits across the cut, -0.0 beside +0.0,
+    a row stride wider than the row, shuffled pages; else what differs in which row."""
+    page, topk = path.page_size, path.topk
+    g = torch.Generator().manual_seed(0)
+    width = 2 * topk + page + 37
+    n_pages = -(-width // page)
+    pt = (torch.randperm(3 * n_pages, generator=g)[: 2 * n_pages] + 1).view(2, n_pages).to(torch.int32)
+    q_pos = torch.tensor([width - 1, topk - 1, topk, 5, width - 2], dtype=torch.int32)
+    q_req = torch.tensor([0, 1, 0, 1, 1], dtype=torch.int32)
+    buf = torch.randn(len(q_pos), width + 9, generator=g)
+    buf[:, ::3] = buf[:, 1:2]  # a third of each row ties one value
+    buf[:, 1::7] = 0.0
+    buf[:, 2::7] = -0.0
+    logits = buf[:, :width]
+    logits[torch.arange(width)[None, :] > q_pos[:, None].long()] = float("-inf")
+    args = [x.to(dev) for x in (logits, q_pos, q_req, pt)]
+    want, want_n = indexer_topk_torch(args[0], args[1], topk, args[3], args[2], page)
+    got, got_n = indexer_topk(args[0], args[1], topk, args[3], args[2], page)
+    want, want_n, got, got_n = want.cpu(), want_n.cpu(), got.cpu(), got_n.cpu()
+    for t in range(len(q_pos)):
+        n = int(want_n[t])
+        if int(got_n[t]) != n:
+            return f"row {t}: length {int(got_n[t])}, torch {n}"
+        if sorted(got[t, :n].tolist()) != sorted(want[t, :n].tolist()) or (got[t, n:] != -1).any():
+            return f"row {t}: the selected slots (q_pos {int(q_pos[t])}, top-k {topk})"
     return ""
 
 
@@ -224,8 +255,10 @@ class KernelPath:
         split_keys: int | None = None,
         query_dtype: torch.dtype = torch.bfloat16,
         fused_meta: bool | None = None,
+        fused_topk: bool | None = None,
     ):
-        """fused_meta: build decode / verify rows with `fused_fixed_meta` (None: where `_fused_meta_works`)."""
+        """fused_meta: build decode / verify rows with `fused_fixed_meta`; fused_topk: select the indexer's top-k
+        with `indexer_topk` (else `indexer_topk_torch`). None: where the start-up check (`_fused_works`) passes."""
         self.pool, self.req_to_token = pool, req_to_token
         self.page_size = pool.page_size
         self.W, self.ratio, self.topk = cfg.window_size, cfg.compress_ratio, cfg.index_topk
@@ -235,6 +268,7 @@ class KernelPath:
         self.meta: KernelMeta | None = None
         self._rope_tables: dict = {}
         self.fused_meta = self._fused_meta_works() if fused_meta is None else fused_meta
+        self.fused_topk = self._fused_topk_works() if fused_topk is None else fused_topk
 
     # ------------------------------------------------------------------ metadata
     def init_extend(self, fb, split=None) -> None:
@@ -364,25 +398,44 @@ class KernelPath:
         return KernelMeta(loc=loc.long(), mla_chunks=tuple(_mla_chunks([per_req] * B, [width] * B)), **f)
 
     def _fused_meta_works(self) -> bool:
-        """Whether to build fixed-shape batches with `fused_fixed_meta`: on (SGLANG_ERNIE55_FUSED_META) where
-        Triton runs (a CUDA device, or the interpreter) and where it equals `fixed_meta` on a small synthetic
-        batch here, at this path's window, ratio and page size, with and without a window mapping, one and
-        three rows per request (a padded row included). Checked once, at start-up, because a decode graph
-        records the metadata build; on any difference or error the torch build serves, with a warning."""
+        """Whether to build fixed-shape batches with `fused_fixed_meta`: it must equal `fixed_meta` on a small
+        synthetic batch here, at this path's window, ratio and page size, with and without a window mapping,
+        one and three rows per request (a padded row included). Checked once, at start-up, because a decode
+        graph records the metadata build."""
         from ..envs import fused_decode_meta
 
+        return self._fused_works(
+            fused_decode_meta(),
+            fused_meta_mismatch,
+            "the fused decode metadata build differs from the torch build",
+            "decode and verify batches build their index rows in torch ops instead",
+        )
+
+    def _fused_topk_works(self) -> bool:
+        """Whether the indexer's top-k runs as one launch (`indexer_topk`): it must select what
+        `indexer_topk_torch` selects on synthetic logits here (`fused_topk_mismatch`)."""
+        from ..envs import fused_topk
+
+        return self._fused_works(
+            fused_topk(),
+            fused_topk_mismatch,
+            "the one-launch indexer top-k differs from the torch top-k",
+            "the MLA-DSA layers select their keys in torch ops instead",
+        )
+
+    def _fused_works(self, enabled: bool, mismatch, differs: str, instead: str) -> bool:
+        """A fused kernel serves where it is enabled, where Triton runs (a CUDA device, or the interpreter) and
+        where `mismatch(self, dev)` finds no difference from its torch twin on the serving device; on any
+        difference or error the torch twin serves, with a warning naming what differed."""
         dev = self.req_to_token.device
-        if not fused_decode_meta() or (dev.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1"):
+        if not enabled or (dev.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1"):
             return False
         try:
-            bad = fused_meta_mismatch(self, dev)
-        except Exception as e:  # noqa: BLE001 (any failure: the torch build is always right)
+            bad = mismatch(self, dev)
+        except Exception as e:  # noqa: BLE001 (any failure: the torch twin is always right)
             bad = f"{type(e).__name__}: {e}"
         if bad:
-            logger.warning(
-                f"ernie55 kernel path: the fused decode metadata build differs from the torch build on {dev} "
-                f"({bad}); decode and verify batches build their index rows in torch ops instead"
-            )
+            logger.warning(f"ernie55 kernel path: {differs} on {dev} ({bad}); {instead}")
         return not bad
 
     def extend_meta(self, fb) -> KernelMeta:
@@ -523,7 +576,8 @@ class KernelPath:
             logits = indexer_logits(
                 iqb[t0:t1], iw[t0:t1], idx.pool, idx.geom, meta.page_table, req, pos, width
             )
-            sel, n = indexer_topk(logits, pos, self.topk, meta.page_table, req, self.page_size)
+            topk = indexer_topk if self.fused_topk else indexer_topk_torch
+            sel, n = topk(logits, pos, self.topk, meta.page_table, req, self.page_size)
             del logits
             main = Scope(lat.pool, lat.geom, sel, n)
             if flashmla:

@@ -1,5 +1,6 @@
 """MLA-DSA lightning indexer: logits over the paged indexer-key pool (`indexer_logits`), then the causal
-top-k (`indexer_topk`). Reference: `kernels_ref.indexer_logits_paged` + `functional.indexer_topk`.
+top-k as positions or cache slots (`indexer_topk`: one Triton launch; `indexer_topk_torch`: the same selection
+in torch ops). Reference: `kernels_ref.indexer_logits_paged` + `functional.indexer_topk`.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import triton
 from ..configuration import SERVING_PAGE_SIZE
 from ._pool import check, check_pool, dot_dtype, pool_args, pool_views
 from ._triton.indexer import indexer_logits_kernel
+from ._triton.topk import indexer_topk_kernel
 from .layout import Geometry, KVLayout
 
 
@@ -104,8 +106,8 @@ def indexer_logits(
 
 
 def _ordered_key(logits: torch.Tensor) -> torch.Tensor:
-    """int64 key, larger = better: (order-preserving int of the fp32 logit) << 32 | (2**32 - 1 - s)."""
-    b = logits.contiguous().view(torch.int32).to(torch.int64)
+    """int64 key, larger = better: (order-preserving int of the fp32 logit, -0 read as +0) << 32 | (2**32 - 1 - s)."""
+    b = (logits + 0.0).contiguous().view(torch.int32).to(torch.int64)  # -0.0 + 0.0 = +0.0: equal floats tie
     u = torch.where(b < 0, (~b) & 0xFFFFFFFF, b | 0x80000000)  # monotone uint32 of the float
     s = torch.arange(logits.shape[1], device=logits.device, dtype=torch.int64)
     return ((u - 0x80000000) << 32) | (0xFFFFFFFF - s)
@@ -118,14 +120,66 @@ def indexer_topk(
     page_table: torch.Tensor | None = None,
     q_req: torch.Tensor | None = None,
     page_size: int = SERVING_PAGE_SIZE,
+    block: int = 1024,
+    num_warps: int = 4,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Top-k positions per query (the index_topk largest I(t, s), s <= q_pos; ties to the earlier s) and their count.
+    """Top-k positions per query (the index_topk largest I(t, s), s <= q_pos; ties to the earlier s; -0 equals +0)
+    and their count, in one launch.
 
-    logits fp32 [T, S] from indexer_logits. Returns (idx int32 [T, topk], lengths int32 [T]) where
-    lengths = min(q_pos + 1, topk) and idx[t, :lengths[t]] are the selected positions (or, with
-    page_table / q_req, their cache slots page_table[q_req, s // page_size] * page_size + s % page_size),
-    -1 after them: the `indices` / `topk_length` of sparse_mqa_attention and FlashMLA.
+    logits fp32 [T, S] from indexer_logits (row stride free, last dim contiguous); q_pos [T] (int32: used as
+    is) with q_pos < S. Returns (idx int32 [T, topk], lengths int32 [T]) where lengths = min(q_pos + 1, topk) and
+    idx[t, :lengths[t]] are the selected positions in increasing position order (or, with page_table / q_req,
+    their cache slots page_table[q_req, s // page_size] * page_size + s % page_size), -1 after them: the
+    `indices` / `topk_length` of sparse_mqa_attention and FlashMLA (which take the keys in any order).
     """
+    T, S = logits.shape
+    check(logits.dtype == torch.float32 and logits.stride(1) == 1, "logits: fp32 [T, S], last dim contiguous")
+    check(q_pos.shape == (T,) and not q_pos.is_floating_point(), f"q_pos: integer [{T}]")
+    q_pos = q_pos.to(torch.int32).contiguous()  # no copy when it already is (the backend's rows are)
+    slots = page_table is not None
+    if slots:
+        check(q_req is not None, "indexer_topk: q_req is needed with page_table")
+        check(q_req.shape == (T,) and not q_req.is_floating_point(), f"q_req: integer [{T}]")
+        q_req = q_req.to(torch.int32).contiguous()
+        check(
+            page_table.dim() == 2 and page_table.dtype == torch.int32 and page_table.stride(1) == 1,
+            "page_table: int32 [B, max_pages]",
+        )
+    idx = torch.empty(T, topk, dtype=torch.int32, device=logits.device)
+    lengths = torch.empty(T, dtype=torch.int32, device=logits.device)
+    if T == 0:
+        return idx, lengths
+    indexer_topk_kernel[(T,)](
+        logits,
+        logits.stride(0),
+        q_pos,
+        q_req if slots else q_pos,
+        page_table if slots else q_pos,
+        page_table.stride(0) if slots else 0,
+        idx,
+        idx.stride(0),
+        lengths,
+        S,
+        page_size,
+        min(topk, S),
+        TOPK=topk,
+        SLOTS=slots,
+        BLOCK=block,
+        num_warps=num_warps,
+    )
+    return idx, lengths
+
+
+def indexer_topk_torch(
+    logits: torch.Tensor,
+    q_pos: torch.Tensor,
+    topk: int,
+    page_table: torch.Tensor | None = None,
+    q_req: torch.Tensor | None = None,
+    page_size: int = SERVING_PAGE_SIZE,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`indexer_topk` in torch ops (the selected keys in descending logit order): the twin the start-up check
+    compares the kernel with, and the path where Triton does not run."""
     T, S = logits.shape
     check(logits.dtype == torch.float32, "logits: fp32")
     check(q_pos.shape == (T,), f"q_pos: [{T}]")

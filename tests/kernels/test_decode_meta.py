@@ -1,7 +1,8 @@
 """The fused decode / verify metadata build (kernels/decode_meta.py, `KernelPath.fused_fixed_meta`) against the
 torch build it replaces (`KernelPath.fixed_meta`), field for field, on random batches: shuffled pages, padded
 CUDA-graph rows, several windows (not only powers of two), compress ratios and rows per request, with and
-without the SWA pool's window mapping; and the start-up check that falls back to the torch build."""
+without the SWA pool's window mapping; and the start-up checks that fall back to the torch build (of the
+metadata, and of the indexer top-k)."""
 
 from __future__ import annotations
 
@@ -113,3 +114,25 @@ def test_start_up_check_falls_back_to_torch(monkeypatch, caplog):
     if DEV == "cpu":
         monkeypatch.delenv("TRITON_INTERPRET")
         assert not _path(128, 128, 256, 3, 1024).fused_meta
+
+
+def test_topk_start_up_check_falls_back_to_torch(monkeypatch, caplog):
+    """The one-launch indexer top-k serves where it selects what the torch top-k selects at start-up; a kernel
+    that loses one selected key is caught (the torch top-k serves, with a warning), and the switch turns it off."""
+    path = _path(128, 128, 256, 3, 1024)
+    assert path.fused_topk
+    assert kp.fused_topk_mismatch(path, torch.device(DEV)) == ""
+    real = kp.indexer_topk
+
+    def drops_one(logits, q_pos, topk, *a, **k):
+        idx, n = real(logits, q_pos, topk, *a, **k)
+        idx[0, 0] = idx[0, 1]  # row 0 has more than top-k keys: one key selected twice, one lost
+        return idx, n
+
+    monkeypatch.setattr(kp, "indexer_topk", drops_one)
+    with caplog.at_level(logging.WARNING):
+        assert not _path(128, 128, 256, 3, 1024).fused_topk
+    assert "indexer top-k differs from the torch top-k" in caplog.text and "row 0" in caplog.text
+    monkeypatch.setattr(kp, "indexer_topk", real)
+    monkeypatch.setenv("SGLANG_ERNIE55_FUSED_TOPK", "0")
+    assert not _path(128, 128, 256, 3, 1024).fused_topk

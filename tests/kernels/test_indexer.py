@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from sglang_ernie55.kernels import layout as L
-from sglang_ernie55.kernels.indexer import indexer_logits, indexer_topk
+from sglang_ernie55.kernels.indexer import indexer_logits, indexer_topk, indexer_topk_torch
 from sglang_ernie55.reference import functional as F
 from sglang_ernie55.reference import kernels_ref as R
 from tests.kernels.kutil import DEV, PagedRequests, filled_pool, poison
@@ -92,3 +92,83 @@ def test_topk_ties_go_to_earlier_positions():
     lg = torch.tensor([[1.0, 2.0, 2.0, 2.0, -1.0, float("-inf")]], device=DEV)
     idx, ln = indexer_topk(lg, torch.tensor([4], device=DEV), 2)
     assert sorted(idx[0].tolist()) == [1, 2] and ln.tolist() == [2]
+
+
+def _rows(T, S, seed, stride_pad=0, tie_every=3):
+    """Random logits [T, S] (a view of a wider buffer when stride_pad), a third of each row tied to one value,
+    runs of +0.0 and -0.0, -inf past each row's causal end; q_pos spread over short and long rows."""
+    g = torch.Generator().manual_seed(seed)
+    buf = torch.randn(T, S + stride_pad, generator=g)
+    buf[:, ::tie_every] = buf[:, 1:2]
+    buf[:, 1::7] = 0.0
+    buf[:, 2::7] = -0.0
+    lg = buf[:, :S]
+    q_pos = torch.randint(0, S, (T,), generator=g, dtype=torch.int32)
+    q_pos[0] = S - 1
+    lg[torch.arange(S)[None, :] > q_pos[:, None].long()] = float("-inf")
+    return lg, q_pos
+
+
+def _check_topk(lg, q_pos, topk, idx, ln, slot_of=None):
+    """idx / ln against the reference's selection (functional.indexer_topk: stable sort of the float logits):
+    lengths, the selected keys in increasing position order (as slots: mapped in that order), -1 after them."""
+    T, S = lg.shape
+    sel = F.indexer_topk(lg, q_pos, torch.arange(S), topk)
+    idx, ln = idx.cpu(), ln.cpu()
+    assert ln.tolist() == [min(int(p) + 1, topk) for p in q_pos]
+    for t in range(T):
+        n = int(ln[t])
+        want = sel[t].nonzero().flatten().tolist()
+        if slot_of is not None:
+            want = [slot_of(t, s) for s in want]
+        got = idx[t, :n].tolist()
+        assert got == want, (t, sorted(set(got) ^ set(want))[:8])  # both in increasing position order
+        assert (idx[t, n:] == -1).all(), t
+
+
+@pytest.mark.parametrize(
+    "T,S,topk,block,page",
+    [
+        (4, 50, 16, 1024, 256),  # rows shorter and longer than the top-k inside one block
+        (5, 700, 64, 128, 64),  # many blocks per pass, 64-token pages
+        (3, 3000, 2048, 1024, 256),  # the model's top-k, rows past it
+        (3, 300, 512, 64, 128),  # every row shorter than the top-k: all causal keys, padded to 512
+    ],
+)
+def test_topk_kernel_selects_what_the_reference_selects(T, S, topk, block, page):
+    """The one-launch top-k (positions and cache slots) equals the reference's stable-sort selection on rows
+    with heavy ties across the cut and -0.0 beside +0.0 (equal floats: the earlier position wins)."""
+    lg, q_pos = _rows(T, S, seed=T * S + topk, stride_pad=5)
+    idx, ln = indexer_topk(lg.to(DEV), q_pos.to(DEV), topk, block=block)
+    _check_topk(lg, q_pos, topk, idx, ln)
+    reqs = PagedRequests([S, S + 17], page_size=page)  # shuffled pages
+    q_req = torch.tensor([t % 2 for t in range(T)], dtype=torch.int32)
+    pt = reqs.page_table.to(DEV)
+    slots, sl = indexer_topk(lg.to(DEV), q_pos.to(DEV), topk, pt, q_req.to(DEV), page, block=block)
+    _check_topk(lg, q_pos, topk, slots, sl, slot_of=lambda t, s: reqs.slot(int(q_req[t]), s))
+    # the torch twin selects the same set (in logit order)
+    tw, tn = indexer_topk_torch(lg.to(DEV), q_pos.to(DEV), topk, pt, q_req.to(DEV), page)
+    assert torch.equal(tn.cpu(), sl.cpu())
+    for t in range(T):
+        n = int(sl[t])
+        assert sorted(tw[t, :n].tolist()) == sorted(slots[t, :n].tolist())
+
+
+def test_topk_signed_zero_ties_to_the_earlier_position():
+    """-0.0 and +0.0 are one value: at the cut, the earlier of them is taken (an ordering on the raw bits would
+    rank +0.0 above -0.0 and take the later key)."""
+    lg = torch.tensor([[1.0, -0.0, 0.0, 0.0, -1.0]], device=DEV)
+    pos = torch.tensor([4], dtype=torch.int32, device=DEV)
+    for fn in (indexer_topk, indexer_topk_torch):
+        idx, ln = fn(lg, pos, 2)
+        assert sorted(idx[0, :2].tolist()) == [0, 1] and ln.tolist() == [2], fn.__name__
+
+
+@pytest.mark.gpu
+def test_topk_kernel_full():
+    """Full size: 64 decode rows over 32K keys, top-2048, as cache slots through 256-token pages."""
+    lg, q_pos = _rows(64, 32768, seed=9)
+    reqs = PagedRequests([32768] * 4)
+    q_req = (torch.arange(64) % 4).to(torch.int32)
+    idx, ln = indexer_topk(lg.to(DEV), q_pos.to(DEV), 2048, reqs.page_table.to(DEV), q_req.to(DEV))
+    _check_topk(lg, q_pos, 2048, idx, ln, slot_of=lambda t, s: reqs.slot(int(q_req[t]), s))

@@ -305,11 +305,17 @@ class BackendRun:
             impl: all(getattr(i, "fused_meta", False) for i in be._distinct)
             for impl, be in self.backs.items()
         }
+        # whether the MLA-DSA layers selected their keys with the one-launch top-k (kernels/indexer.py)
+        fused_topk = {
+            impl: all(getattr(i, "fused_topk", False) for i in be._distinct)
+            for impl, be in self.backs.items()
+        }
         self.report: dict = {
             "kv": kv,
             "device": device,
             "geometry": geometry,
             "fused_meta": fused,
+            "fused_topk": fused_topk,
             "steps": {},
         }
 

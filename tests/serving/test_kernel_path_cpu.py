@@ -47,6 +47,7 @@ def test_kernel_path_equals_twin_in_the_backend(kv):
         "graph_decode_padded",
     }
     assert rep["fused_meta"] == {"triton": True}  # decode rows from the fused build (kernels/decode_meta.py)
+    assert rep["fused_topk"] == {"triton": True}  # MLA-DSA keys from the one-launch top-k (kernels/indexer.py)
     print(json.dumps(rep))
 
 
@@ -58,6 +59,7 @@ def test_kernel_path_verify_equals_twin(kv):
     rep = _run("backend_verify", kv, "cpu", "tiny", "triton")
     assert set(rep["steps"]) == {"verify_cross_block", "verify_after_reject", "verify_graph_padded"}
     assert rep["fused_meta"] == {"triton": True}
+    assert rep["fused_topk"] == {"triton": True}
 
 
 @pytest.mark.slow

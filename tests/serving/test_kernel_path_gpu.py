@@ -32,8 +32,10 @@ def _impls(kv: str) -> tuple[str, ...]:
 def test_backend_kernel_paths_equal_twin_full_width(kv):
     rep = kpc.run_backend(kv, "cuda", "full", _impls(kv))
     print(json.dumps(rep))
-    # decode rows from the fused build: its start-up check against the torch build passed on this GPU
+    # decode rows from the fused build and keys from the one-launch top-k: their start-up checks against the
+    # torch builds passed on this GPU
     assert all(rep["fused_meta"].values()), rep["fused_meta"]
+    assert all(rep["fused_topk"].values()), rep["fused_topk"]
 
 
 @pytest.mark.parametrize("kv", ["fp8_e4m3", "bfloat16"])
@@ -43,6 +45,7 @@ def test_backend_verify_equals_twin_full_width(kv):
     rep = kpc.run_backend_verify(kv, "cuda", "full", _impls(kv))
     print(json.dumps(rep))
     assert all(rep["fused_meta"].values()), rep["fused_meta"]
+    assert all(rep["fused_topk"].values()), rep["fused_topk"]
 
 
 @pytest.mark.parametrize("kv", ["fp8_e4m3", "bfloat16"])
