@@ -1,7 +1,8 @@
 """Offline resource report of the sparse attention split kernel: compile it for sm_90 (Hopper) on a
 machine without a GPU and print registers, spills and whether Hopper's wgmma is used, for serving's default
 launch (the first rows: no tuning arguments passed, as serving calls it) and for other head-dim chunks
-(block_d) and launch configs.
+(block_d) and launch configs. `--fused`: the one-launch kernels (decode metadata, indexer top-k) at serving
+shapes instead, exit 1 when one does not compile (the interpreter runs some code the compiler refuses).
 
 The exact specialisations serving launches are captured, not retyped: `sparse_mqa_attention` is called on
 CPU tensors of the serving shapes (64 heads; HCA window 128 + 1024 compressed entries with a sink; MLA-DSA
@@ -14,6 +15,7 @@ pinned to the H200's 132, so the split count is the GPU's). Each is then compile
 
     python benchmarks/kernel_resources.py [--block-d N ...] [--configs BH,BN,W,S ...] [--only hca_fp8 ...]
                                           [--fp32] [--keep DIR] [--json FILE]
+    python benchmarks/kernel_resources.py --fused [--keep DIR] [--json FILE]
 
 Columns: registers per thread, spill stores / loads (bytes per thread, ptxas), stack frame (bytes per
 thread, = the local memory Triton reports as ``n_spills`` in 4-byte words: the "spills" of docs/kernels.md),
@@ -25,6 +27,7 @@ Numbers come from the local Triton / ptxas; the GPU machine's Triton may allocat
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import re
@@ -88,31 +91,75 @@ class _Captured(Exception):
     pass
 
 
-def capture_split_launch(q, scopes, kw):
-    """(kernel, args, kwargs) of the split-kernel launch that `sparse_mqa_attention` makes for these inputs."""
+def capture_launch(kern, call):
+    """(kernel, args, kwargs) of the launch of `kern` that `call()` makes (the launch itself never runs)."""
     got = {}
-    kern = SA.sparse_attn_split_kernel
     saved = kern.__dict__.get("run")
 
     def run(*args, grid, warmup, **kwargs):
         got.update(args=args, kwargs=kwargs)
         raise _Captured
 
-    sms = SA._num_sms
+    kern.run = run
     try:
-        SA._num_sms = lambda dev: 132  # the H200's SM count: the GPU's split count
-        kern.run = run
-        try:
-            SA.sparse_mqa_attention(q, *scopes, **kw)
-        except _Captured:
-            pass
+        call()
+    except _Captured:
+        pass
     finally:
-        SA._num_sms = sms
         if saved is None:
             kern.__dict__.pop("run", None)
         else:
             kern.run = saved
     return kern, got["args"], got["kwargs"]
+
+
+def capture_split_launch(q, scopes, kw):
+    """(kernel, args, kwargs) of the split-kernel launch that `sparse_mqa_attention` makes for these inputs."""
+    sms = SA._num_sms
+    SA._num_sms = lambda dev: 132  # the H200's SM count: the GPU's split count
+    try:
+        return capture_launch(SA.sparse_attn_split_kernel, lambda: SA.sparse_mqa_attention(q, *scopes, **kw))
+    finally:
+        SA._num_sms = sms
+
+
+def fused_launches():
+    """name -> (kernel, args, kwargs) of the one-launch kernels at serving shapes: the decode / verify metadata
+    (window 128, ratio 128, 256-token pages, context 32K; with and without the SWA window mapping, 1 and 3 rows
+    per request) and the indexer top-k (64 rows over 32K keys, top-2048; cache slots and positions)."""
+    from types import SimpleNamespace
+
+    from sglang_ernie55.attention import kernel_path as kp
+    from sglang_ernie55.kernels import decode_meta as DM
+    from sglang_ernie55.kernels import indexer as IX
+
+    out = {}
+    page, slots, width, B = 256, 8, 32768, 4
+    r2t = torch.arange(slots * width, dtype=torch.int32).view(slots, width) + page
+    cfg = SimpleNamespace(window_size=128, compress_ratio=128, index_topk=2048)
+    for mapped in (False, True):
+        mapping = torch.arange(2 * (slots * width + page)) if mapped else None
+        pool = SimpleNamespace(page_size=page, is_hybrid_swa=mapped, full_to_swa_index_mapping=mapping)
+        pool.window_loc = (lambda full, m=mapping: m[full.long()]) if mapped else None
+        path = kp.KernelPath(pool, r2t, cfg, fused_meta=False, fused_topk=False)
+        for per_req in (1, 3):
+            req, seq = torch.arange(B), torch.full((B,), 1000)
+            loc = torch.arange(B * per_req, dtype=torch.int64) + page
+            out[f"decode_meta{'_mapped' if mapped else ''}_rows{per_req}"] = capture_launch(
+                DM.decode_meta_kernel,
+                functools.partial(path.fused_fixed_meta, req, seq - per_req, per_req, loc, per_req, width),
+            )
+    lg = torch.randn(64, width)
+    pos = torch.full((64,), width - 1, dtype=torch.int32)
+    q_req = torch.zeros(64, dtype=torch.int32)
+    pt = torch.zeros(1, width // page, dtype=torch.int32)
+    out["indexer_topk_slots"] = capture_launch(
+        IX.indexer_topk_kernel, lambda: IX.indexer_topk(lg, pos, 2048, pt, q_req, page)
+    )
+    out["indexer_topk_positions"] = capture_launch(
+        IX.indexer_topk_kernel, lambda: IX.indexer_topk(lg, pos, 2048)
+    )
+    return out
 
 
 def compile_sm90(kernel, args, kwargs):
@@ -192,7 +239,14 @@ def main() -> int:
     ap.add_argument("--fp32", action="store_true", help="fp32 queries (the exactness mode)")
     ap.add_argument("--keep", default=None, help="directory to keep the .ptx / .cubin files in")
     ap.add_argument("--json", default=None)
+    ap.add_argument(
+        "--fused",
+        action="store_true",
+        help="compile the one-launch kernels instead (decode metadata, indexer top-k); exit 1 if any fails",
+    )
     args = ap.parse_args()
+    if args.fused:
+        return fused_report(args)
     block_ds = DEFAULT_BLOCK_D if args.block_d is None else args.block_d
     configs = [tuple(int(x) for x in c.split(",")) for c in args.configs] if args.configs else CONFIGS
     cases = {
@@ -239,6 +293,30 @@ def main() -> int:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
     return 0
+
+
+def fused_report(args) -> int:
+    print(f"# one-launch kernels, sm_90, triton {triton.__version__}, torch {torch.__version__}")
+    print("| kernel | regs | spill st / ld (B) | stack (B) | shared (B) |")
+    print("| --- | --- | --- | --- | --- |")
+    rows, failed = [], 0
+    for name, (kern, a, k) in fused_launches().items():
+        try:
+            r = resources(compile_sm90(kern, a, k), args.keep, name)
+        except Exception as e:  # noqa: BLE001
+            failed += 1
+            print(f"| {name} | failed: {type(e).__name__}: {str(e)[:300]} ||||", flush=True)
+            continue
+        print(
+            f"| {name} | {r['regs']} | {r['spill_st']} / {r['spill_ld']} | {r['stack'] + r['local']} | "
+            f"{r['shared']} |",
+            flush=True,
+        )
+        rows.append(dict(kernel=name, **r))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

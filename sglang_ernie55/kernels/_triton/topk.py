@@ -48,7 +48,7 @@ def indexer_topk_kernel(
     need = take  # with at most K keys, u* = 0 is below every key: all are taken
     if n > K:
         for p in tl.static_range(4):
-            shift: tl.constexpr = 24 - 8 * p
+            shift = 24 - 8 * p
             hist = tl.zeros((512,), dtype=tl.int32)
             for s0 in range(0, n, BLOCK):
                 s = s0 + offs
