@@ -126,7 +126,8 @@ def capture_split_launch(q, scopes, kw):
 def fused_launches():
     """name -> (kernel, args, kwargs) of the one-launch kernels at serving shapes: the decode / verify metadata
     (window 128, ratio 128, 256-token pages, context 32K; with and without the SWA window mapping, 1 and 3 rows
-    per request) and the indexer top-k (64 rows over 32K keys, top-2048; cache slots and positions)."""
+    per request) and the indexer top-k (64 rows over 32K keys, top-2048; cache slots and positions; each of its
+    launch configurations)."""
     from types import SimpleNamespace
 
     from sglang_ernie55.attention import kernel_path as kp
@@ -153,12 +154,15 @@ def fused_launches():
     pos = torch.full((64,), width - 1, dtype=torch.int32)
     q_req = torch.zeros(64, dtype=torch.int32)
     pt = torch.zeros(1, width // page, dtype=torch.int32)
-    out["indexer_topk_slots"] = capture_launch(
-        IX.indexer_topk_kernel, lambda: IX.indexer_topk(lg, pos, 2048, pt, q_req, page)
-    )
-    out["indexer_topk_positions"] = capture_launch(
-        IX.indexer_topk_kernel, lambda: IX.indexer_topk(lg, pos, 2048)
-    )
+    for _rows, config in IX.TOPK_CONFIGS:  # each launch configuration serving may pick
+        tag = f"{config[0]}x{config[1]}w"
+        out[f"indexer_topk_slots_{tag}"] = capture_launch(
+            IX.indexer_topk_kernel,
+            functools.partial(IX.indexer_topk, lg, pos, 2048, pt, q_req, page, config=config),
+        )
+        out[f"indexer_topk_positions_{tag}"] = capture_launch(
+            IX.indexer_topk_kernel, functools.partial(IX.indexer_topk, lg, pos, 2048, config=config)
+        )
     return out
 
 

@@ -16,7 +16,7 @@ from ..configuration import LAYER_HCA, LAYER_MLA_DSA
 from ..kernels.decode_meta import decode_meta
 from ..kernels.hca_compress import hca_compress_store, hca_state_update
 from ..kernels.hca_meta import hca_indices
-from ..kernels.indexer import indexer_logits, indexer_topk, indexer_topk_torch
+from ..kernels.indexer import TOPK_CONFIGS, indexer_logits, indexer_topk, indexer_topk_torch
 from ..kernels.kv_store import kv_store
 from ..kernels.sparse_attn import Scope, flashmla_sparse_attention, sparse_mqa_attention
 from ..layers.rope import cos_sin
@@ -190,14 +190,16 @@ def fused_topk_mismatch(path, dev) -> str:
     logits[torch.arange(width)[None, :] > q_pos[:, None].long()] = float("-inf")
     args = [x.to(dev) for x in (logits, q_pos, q_req, pt)]
     want, want_n = indexer_topk_torch(args[0], args[1], topk, args[3], args[2], page)
-    got, got_n = indexer_topk(args[0], args[1], topk, args[3], args[2], page)
-    want, want_n, got, got_n = want.cpu(), want_n.cpu(), got.cpu(), got_n.cpu()
-    for t in range(len(q_pos)):
-        n = int(want_n[t])
-        if int(got_n[t]) != n:
-            return f"row {t}: length {int(got_n[t])}, torch {n}"
-        if sorted(got[t, :n].tolist()) != sorted(want[t, :n].tolist()) or (got[t, n:] != -1).any():
-            return f"row {t}: the selected slots (q_pos {int(q_pos[t])}, top-k {topk})"
+    want, want_n = want.cpu(), want_n.cpu()
+    for _rows, config in TOPK_CONFIGS:  # each launch configuration serving may pick
+        got, got_n = indexer_topk(args[0], args[1], topk, args[3], args[2], page, config=config)
+        got, got_n = got.cpu(), got_n.cpu()
+        for t in range(len(q_pos)):
+            n = int(want_n[t])
+            if int(got_n[t]) != n:
+                return f"row {t}: length {int(got_n[t])}, torch {n} (config {config})"
+            if sorted(got[t, :n].tolist()) != sorted(want[t, :n].tolist()) or (got[t, n:] != -1).any():
+                return f"row {t}: the selected slots (q_pos {int(q_pos[t])}, top-k {topk}, config {config})"
     return ""
 
 

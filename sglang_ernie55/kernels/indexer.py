@@ -120,8 +120,7 @@ def indexer_topk(
     page_table: torch.Tensor | None = None,
     q_req: torch.Tensor | None = None,
     page_size: int = SERVING_PAGE_SIZE,
-    block: int = 1024,
-    num_warps: int = 4,
+    config: tuple[int, int] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Top-k positions per query (the index_topk largest I(t, s), s <= q_pos; ties to the earlier s; -0 equals +0)
     and their count, in one launch.
@@ -131,6 +130,7 @@ def indexer_topk(
     idx[t, :lengths[t]] are the selected positions in increasing position order (or, with page_table / q_req,
     their cache slots page_table[q_req, s // page_size] * page_size + s % page_size), -1 after them: the
     `indices` / `topk_length` of sparse_mqa_attention and FlashMLA (which take the keys in any order).
+    config: (keys per step, warps), default `topk_config(T)`.
     """
     T, S = logits.shape
     check(logits.dtype == torch.float32 and logits.stride(1) == 1, "logits: fp32 [T, S], last dim contiguous")
@@ -149,6 +149,7 @@ def indexer_topk(
     lengths = torch.empty(T, dtype=torch.int32, device=logits.device)
     if T == 0:
         return idx, lengths
+    block, num_warps = config or topk_config(T)
     indexer_topk_kernel[(T,)](
         logits,
         logits.stride(0),
@@ -168,6 +169,16 @@ def indexer_topk(
         num_warps=num_warps,
     )
     return idx, lengths
+
+
+# (keys per step, warps) by rows: one program walks a whole row five times, so few rows (decode at small batch,
+# a GPU mostly idle) take wide steps over many warps, and many rows (one program or more per SM) narrow ones
+TOPK_CONFIGS = ((64, (4096, 16)), (256, (2048, 8)), (None, (1024, 4)))
+
+
+def topk_config(rows: int) -> tuple[int, int]:
+    """`indexer_topk`'s default (keys per step, warps) for `rows` query rows (TOPK_CONFIGS)."""
+    return next(cfg for below, cfg in TOPK_CONFIGS if below is None or rows < below)
 
 
 def indexer_topk_torch(

@@ -129,8 +129,8 @@ def _check_topk(lg, q_pos, topk, idx, ln, slot_of=None):
 @pytest.mark.parametrize(
     "T,S,topk,block,page",
     [
-        (4, 50, 16, 1024, 256),  # rows shorter and longer than the top-k inside one block
-        (5, 700, 64, 128, 64),  # many blocks per pass, 64-token pages
+        (4, 50, 16, 4096, 256),  # rows shorter and longer than the top-k inside one step
+        (5, 700, 64, 128, 64),  # many steps per pass, 64-token pages
         (3, 3000, 2048, 1024, 256),  # the model's top-k, rows past it
         (3, 300, 512, 64, 128),  # every row shorter than the top-k: all causal keys, padded to 512
     ],
@@ -139,12 +139,12 @@ def test_topk_kernel_selects_what_the_reference_selects(T, S, topk, block, page)
     """The one-launch top-k (positions and cache slots) equals the reference's stable-sort selection on rows
     with heavy ties across the cut and -0.0 beside +0.0 (equal floats: the earlier position wins)."""
     lg, q_pos = _rows(T, S, seed=T * S + topk, stride_pad=5)
-    idx, ln = indexer_topk(lg.to(DEV), q_pos.to(DEV), topk, block=block)
+    idx, ln = indexer_topk(lg.to(DEV), q_pos.to(DEV), topk, config=(block, 4))
     _check_topk(lg, q_pos, topk, idx, ln)
     reqs = PagedRequests([S, S + 17], page_size=page)  # shuffled pages
     q_req = torch.tensor([t % 2 for t in range(T)], dtype=torch.int32)
     pt = reqs.page_table.to(DEV)
-    slots, sl = indexer_topk(lg.to(DEV), q_pos.to(DEV), topk, pt, q_req.to(DEV), page, block=block)
+    slots, sl = indexer_topk(lg.to(DEV), q_pos.to(DEV), topk, pt, q_req.to(DEV), page, config=(block, 4))
     _check_topk(lg, q_pos, topk, slots, sl, slot_of=lambda t, s: reqs.slot(int(q_req[t]), s))
     # the torch twin selects the same set (in logit order)
     tw, tn = indexer_topk_torch(lg.to(DEV), q_pos.to(DEV), topk, pt, q_req.to(DEV), page)

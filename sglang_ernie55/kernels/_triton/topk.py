@@ -16,7 +16,8 @@ def _ordered(x):
     """The order-preserving uint32 of fp32 x, with -0.0 read as +0.0."""
     x = tl.where(x == 0.0, 0.0, x)
     b = x.to(tl.int32, bitcast=True)
-    return tl.where(b < 0, ~b, b ^ (-2147483648)).to(tl.uint32, bitcast=True)  # negatives reversed below positives
+    # negatives: all bits flipped (larger magnitude, smaller key); non-negatives: the sign bit set, above them
+    return tl.where(b < 0, ~b, b ^ (-2147483648)).to(tl.uint32, bitcast=True)
 
 
 @triton.jit
