@@ -1,7 +1,8 @@
 """Loopback ports for servers that bind them later: below the kernel's ephemeral range, where any outgoing
-connection may take a `bind(0)` port first, and below SGLang's NCCL-port draw (22000-29999). Under attention DP
-SGLang also binds ports derived from the HTTP port (port + 233 .. + 239) and gives up on a server when one is
-held, so a server port comes with those checked free too, and no port is handed out twice by one process.
+connection may take a `bind(0)` port first, below SGLang's NCCL-port draw (22000-29999) and outside Mooncake's
+RPC ports (15000-17000). Under attention DP SGLang also binds ports derived from the HTTP port (port + 233 ..
++ 239) and gives up on a server when one is held, so a server port comes with those checked free too, and no
+port is handed out twice by one process.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import threading
 DERIVED_PORT_DELTA = 233
 DERIVED_PORT_COUNT = 7
 _LOW, _HIGH = 10000, 21999  # below SGLang's nccl-port draw (22000-29999) and the default ephemeral range
+# Mooncake's transfer-engine RPC ports (MC_MIN_RPC_PORT .. MC_MAX_RPC_PORT defaults), bound by PD servers at start
+AVOID = range(15000, 17001)
 
 _given: set[int] = set()
 _lock = threading.Lock()
@@ -45,7 +48,9 @@ def free_port(server: bool = True, attempts: int = 512) -> int:
         if high > _LOW:
             for port in random.sample(range(_LOW, high + 1), min(attempts, high + 1 - _LOW)):
                 ports = [port + d for d in span]
-                if not _given.intersection(ports) and all(_bindable(p) for p in ports):
+                if any(p in AVOID for p in ports) or _given.intersection(ports):
+                    continue
+                if all(_bindable(p) for p in ports):
                     _given.update(ports)
                     return port
         while True:  # a machine whose ephemeral range starts below ours: the kernel's choice, never twice
