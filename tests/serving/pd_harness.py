@@ -22,6 +22,7 @@ from pathlib import Path
 
 import requests
 
+from sglang_ernie55.ports import free_port
 from tests.serving import server_harness as sh
 
 SHIM = Path(__file__).parent / "pd_cpu_shim"
@@ -85,7 +86,7 @@ class PDPair:
         decode_env: dict | None = None,
         timeout: float = 900,
     ):
-        self.bootstrap_port = sh.free_port()
+        self.bootstrap_port = free_port()
         self.model_path, self.flags, self.env, self.log_name, self.timeout = (
             model_path,
             flags,
@@ -95,7 +96,7 @@ class PDPair:
         )
         self.prefill_flags = prefill_flags
         self.prefill = self.decode = None
-        self.prefill_port = sh.free_port()  # kept by a restarted prefill server: a router knows its URL
+        self.prefill_port = free_port()  # kept by a restarted prefill server: a router knows its URL
         with ThreadPoolExecutor(2) as ex:
             p = ex.submit(self.start_prefill)
             d = ex.submit(
@@ -108,7 +109,7 @@ class PDPair:
                 "--disaggregation-transfer-backend",
                 "mooncake",
                 "--disaggregation-bootstrap-port",
-                str(sh.free_port()),
+                str(free_port()),
                 log_name=f"{log_name}-decode",
                 env={**self.env, **(decode_env or {})},
                 timeout=timeout,
@@ -218,7 +219,7 @@ class Router:
     URL BOOTSTRAP_PORT --decode URL`), on loopback; `flags` are added to its command line."""
 
     def __init__(self, pair: PDPair, *flags: str, log_name: str = "pd-router", timeout: float = 120):
-        self.port = sh.free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = pair.decode.log_path.with_name(f"{log_name}.log")
         self.cmd = [

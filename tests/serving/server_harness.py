@@ -23,6 +23,8 @@ from pathlib import Path
 import requests
 import torch
 
+from sglang_ernie55.ports import free_port
+
 PROMPT_LENGTHS = (1, 19, 127, 128, 129, 255, 256, 257, 383, 513, 1000, 2100)
 
 
@@ -30,14 +32,6 @@ def mem_fraction(default: str) -> str:
     """`--mem-fraction-static` for a test server: SERVING_MEM_FRACTION overrides the test's default (the
     device scripts run several servers on one GPU at once and split its memory)."""
     return os.environ.get("SERVING_MEM_FRACTION", default)
-
-
-def free_port(server: bool = True) -> int:
-    """`sglang_ernie55.ports.free_port`: below the ephemeral range, never handed out twice, and for a server
-    with SGLang's attention-DP ports (port + 233 .. + 239) free too."""
-    from sglang_ernie55.ports import free_port as pick
-
-    return pick(server=server)
 
 
 def cpu_flags(**flags) -> list[str]:

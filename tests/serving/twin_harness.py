@@ -12,12 +12,7 @@ from types import SimpleNamespace
 import torch
 
 from sglang_ernie55.configuration import SERVING_PAGE_SIZE
-
-
-def free_port() -> int:
-    from sglang_ernie55.ports import free_port as pick
-
-    return pick(server=False)
+from sglang_ernie55.ports import free_port
 
 
 def init_dist() -> None:
@@ -27,7 +22,7 @@ def init_dist() -> None:
     # a fresh port whenever this process has no group yet: an inherited MASTER_PORT is the parent's, whose
     # store may still listen on it (a test process that ran init_dist itself, then starts a child that does)
     if not torch.distributed.is_initialized():
-        os.environ["MASTER_PORT"] = str(free_port())
+        os.environ["MASTER_PORT"] = str(free_port(server=False))
     try:
         from sglang.test.layer_ut_utils import init_single_process_dist
     except ImportError:  # the lent GPU's SGLang runtime ships without sglang.test: the same steps
