@@ -17,7 +17,7 @@ from torch import nn
 
 from ..attention.interface import HCAInputs, MLAInputs
 from .impl import use_kernels
-from .linear import linear_quant_config
+from .linear import InputProjections, linear_quant_config
 from .rope import RopePositions, RopeTable, mla_softmax_scale
 
 # RopeTable / RopePositions live in layers.rope; the model reaches them through this module too
@@ -88,23 +88,17 @@ def rms_norm_fp32(x: torch.Tensor, weight, eps: float, out_dtype: torch.dtype | 
 
 
 class Compressor(nn.Module):
-    """HCA block compressor: `wkv_gate` (H -> [values D | scores D]), `ape` [ratio, D], `norm`."""
+    """HCA block compressor: `ape` [ratio, D], `norm`; its `wkv_gate` (H -> [values D | scores D]) is served in
+    the layer's `x_proj` (the checkpoint name `compressor.wkv_gate` stays)."""
 
-    def __init__(self, config, rope: RopeTable, quant_config, prefix: str):
+    def __init__(self, config, rope: RopeTable):
         super().__init__()
-        H, D = config.hidden_size, config.head_dim
+        D = config.head_dim
         self.D, self.ratio, self.rope_dim, self.eps = (
             D,
             config.compress_ratio,
             config.qk_rope_head_dim,
             config.rms_norm_eps,
-        )
-        self.wkv_gate = ReplicatedLinear(
-            H,
-            2 * D,
-            bias=False,
-            quant_config=linear_quant_config(quant_config, H, 2 * D),
-            prefix=_add_prefix("wkv_gate", prefix),
         )
         self.ape = nn.Parameter(torch.empty(self.ratio, D, dtype=torch.float32), requires_grad=False)
         self.norm = RMSNorm(D, eps=config.rms_norm_eps)
@@ -114,9 +108,6 @@ class Compressor(nn.Module):
     def inv_freq(self) -> torch.Tensor:
         """The model's RoPE inverse frequencies (the kernel path's cos / sin tables come from them)."""
         return self._rope[0].inv_freq
-
-    def project(self, x: torch.Tensor) -> torch.Tensor:
-        return self.wkv_gate(x)[0].float()
 
     def compress(self, rows: torch.Tensor, block_idx: torch.Tensor) -> torch.Tensor:
         """rows [nb, ratio, 2D] fp32 (the blocks' [values | scores]), block_idx [nb] -> entries [nb, D] fp32.
@@ -144,12 +135,14 @@ class Ernie55HCAAttention(nn.Module):
         ql, ol = config.q_lora_rank, config.o_lora_rank
         lq = lambda i, o: linear_quant_config(quant_config, i, o)  # noqa: E731
         p = lambda n: _add_prefix(n, prefix)  # noqa: E731
-        self.wq_a = ReplicatedLinear(H, ql, bias=False, quant_config=lq(H, ql), prefix=p("wq_a"))
+        # wq_a, wkv and the compressor's wkv_gate all read x: one GEMM per FP8 decision
+        self.x_proj = InputProjections(
+            H, {"wq_a": ql, "wkv": D, "compressor.wkv_gate": 2 * D}, quant_config, prefix
+        )
         self.q_norm = RMSNorm(ql, eps=config.rms_norm_eps)
         self.wq_b = ColumnParallelLinear(
             ql, h * D, bias=False, quant_config=lq(ql, h * D // tp), parallel_group=ATTN_TP, prefix=p("wq_b")
         )
-        self.wkv = ReplicatedLinear(H, D, bias=False, quant_config=lq(H, D), prefix=p("wkv"))
         self.kv_norm = RMSNorm(D, eps=config.rms_norm_eps)
         # Grouped einsum (not a plain GEMM): kept unquantized, FP8 checkpoints are dequantized on load.
         self.wo_a = ColumnParallelLinear(
@@ -166,7 +159,7 @@ class Ernie55HCAAttention(nn.Module):
         )
         self.attn_sink = nn.Parameter(torch.empty(self.h, dtype=torch.float32), requires_grad=False)
         self.attn_sink.weight_loader = _sharded_loader(0)
-        self.compressor = Compressor(config, rope, quant_config, p("compressor"))
+        self.compressor = Compressor(config, rope)
         self.attn = RadixAttention(
             self.h, D, scaling=D**-0.5, num_kv_heads=1, layer_id=layer_id, v_head_dim=D, prefix=p("attn")
         )
@@ -176,10 +169,11 @@ class Ernie55HCAAttention(nn.Module):
         """positions: [T] or the forward's `RopePositions`."""
         T, rope = x.shape[0], self._rope[0]
         rp = rope.at(positions)
-        q = self.wq_b(norm_fp32(self.q_norm, self.wq_a(x)[0], x.dtype))[0].view(T, self.h, self.D)
+        q_a, kv_x, cs = self.x_proj(x)
+        q = self.wq_b(norm_fp32(self.q_norm, q_a, x.dtype))[0].view(T, self.h, self.D)
         q = rope.tail_(rms_norm_fp32(q, None, self.eps), rp)  # weightless per-head norm (fp32, a new tensor)
-        kv = rope.tail_(norm_fp32(self.kv_norm, self.wkv(x)[0]), rp)
-        cs = self.compressor.project(x)
+        kv = rope.tail_(norm_fp32(self.kv_norm, kv_x), rp)
+        cs = cs.float().contiguous()  # the compressor's [values | scores] rows, fp32, as the backend stores them
         o = self.attn(q, kv, kv, forward_batch, ernie_inputs=HCAInputs(cs, self.compressor, self.attn_sink))
         o = o.view(T, self.h, self.D)
         o = rope.tail_(
@@ -213,7 +207,20 @@ class Ernie55MLADSAAttention(nn.Module):
         lq = lambda i, o: linear_quant_config(quant_config, i, o)  # noqa: E731
         p = lambda n: _add_prefix(n, prefix)  # noqa: E731
         qk = self.dn + self.dr
-        self.q_a_proj = ReplicatedLinear(H, ql, bias=False, quant_config=lq(H, ql), prefix=p("q_a_proj"))
+        # q_a_proj, kv_a_proj_with_mqa and the indexer's wk and weights_proj all read x: one GEMM per FP8 decision
+        # (weights_proj is BF16 in the checkpoint; kv_a_proj_with_mqa goes with it where 576 columns do not tile)
+        self.x_proj = InputProjections(
+            H,
+            {
+                "q_a_proj": ql,
+                "kv_a_proj_with_mqa": self.r + self.dr,
+                "indexer.wk": self.dI,
+                "indexer.weights_proj": self.nI,
+            },
+            quant_config,
+            prefix,
+            never_fp8=("indexer.weights_proj",),
+        )
         self.q_a_layernorm = RMSNorm(ql, eps=config.rms_norm_eps)
         self.q_b_proj = ColumnParallelLinear(
             ql,
@@ -222,13 +229,6 @@ class Ernie55MLADSAAttention(nn.Module):
             quant_config=lq(ql, h * qk // tp),
             parallel_group=ATTN_TP,
             prefix=p("q_b_proj"),
-        )
-        self.kv_a_proj_with_mqa = ReplicatedLinear(
-            H,
-            self.r + self.dr,
-            bias=False,
-            quant_config=lq(H, self.r + self.dr),
-            prefix=p("kv_a_proj_with_mqa"),
         )
         self.kv_a_layernorm = RMSNorm(self.r, eps=config.rms_norm_eps)
         # Absorbed into the query (W_uk) and the output (W_uv): kept unquantized, dequantized on load.
@@ -266,16 +266,17 @@ class Ernie55MLADSAAttention(nn.Module):
         """positions: [T] or the forward's `RopePositions`."""
         T, rope = x.shape[0], self._rope[0]
         rp = rope.at(positions)
-        q_lat = norm_fp32(self.q_a_layernorm, self.q_a_proj(x)[0], x.dtype)
+        q_a, kv_a, ik_x, iw_x = self.x_proj(x)
+        q_lat = norm_fp32(self.q_a_layernorm, q_a, x.dtype)
         q = self.q_b_proj(q_lat)[0].view(T, self.h, self.dn + self.dr).float()
-        kv_a = self.kv_a_proj_with_mqa(x)[0].float()
+        kv_a = kv_a.float()  # the tail is rotated in place: fp32 (a new tensor), or a view of x_proj's fresh output
         latent = norm_fp32(self.kv_a_layernorm, kv_a[:, : self.r])
         q_pe = rope.rotated_tail(q, rp)  # kernels: rotated inside q (q_nope untouched)
         k_pe = rope.rotated_tail(kv_a, rp)  # after the latent's norm read kv_a[:, :r]
         # absorbed W_uk / W_uv in the weight's dtype, fp32 accumulation (no per-step fp32 copy of kv_b_proj)
         w = self.kv_b_proj.weight.view(self.h, self.dn + self.dv, self.r)
         q_abs = torch.einsum("thd,hdr->thr", q[..., : self.dn].to(w.dtype), w[:, : self.dn])
-        iq, iw, ik = self.indexer(x, q_lat, rp, rope)
+        iq, iw, ik = self.indexer(ik_x, iw_x, q_lat, rp, rope)
         o_lat = self.attn(
             torch.cat([q_abs, q_pe], -1),
             torch.cat([latent, k_pe], -1),
@@ -288,37 +289,36 @@ class Ernie55MLADSAAttention(nn.Module):
 
 
 class Indexer(nn.Module):
-    """Lightning indexer (replicated over TP): wq_b (from the query latent), wk + LayerNorm, weights_proj."""
+    """Lightning indexer (replicated over TP): wq_b (from the query latent), wk + LayerNorm, weights_proj; wk and
+    weights_proj read x and are served in the layer's `x_proj` (their checkpoint names `indexer.wk`,
+    `indexer.weights_proj` stay), so the indexer takes their outputs."""
 
     def __init__(self, config, quant_config, prefix: str):
         super().__init__()
-        H, ql = config.hidden_size, config.q_lora_rank
+        ql = config.q_lora_rank
         self.n, self.d, self.dr = config.index_n_heads, config.index_head_dim, config.qk_rope_head_dim
         lq = lambda i, o: linear_quant_config(quant_config, i, o)  # noqa: E731
         p = lambda n: _add_prefix(n, prefix)  # noqa: E731
         self.wq_b = ReplicatedLinear(
             ql, self.n * self.d, bias=False, quant_config=lq(ql, self.n * self.d), prefix=p("wq_b")
         )
-        self.wk = ReplicatedLinear(H, self.d, bias=False, quant_config=lq(H, self.d), prefix=p("wk"))
         # fp32 parameters (loaded exactly from BF16 / FP32 checkpoints): the fp32 LayerNorm needs no per-step cast
         self.k_norm = nn.LayerNorm(self.d, eps=config.rms_norm_eps, dtype=torch.float32)
-        self.weights_proj = ReplicatedLinear(
-            H, self.n, bias=False, quant_config=None, prefix=p("weights_proj")
-        )
 
-    def forward(self, x: torch.Tensor, q_lat: torch.Tensor, positions, rope: RopeTable):
-        """-> qI [T, n, d], w [T, n] (scaled by n^-0.5 d^-0.5), kI [T, d]; fp32, RoPE (rotate-half) on the first dims.
-        positions: [T] or the forward's `RopePositions`."""
-        T = x.shape[0]
+    def forward(self, k_x: torch.Tensor, w_x: torch.Tensor, q_lat: torch.Tensor, positions, rope: RopeTable):
+        """k_x [T, d], w_x [T, n]: the wk and weights_proj outputs. -> qI [T, n, d], w [T, n] (scaled by
+        n^-0.5 d^-0.5), kI [T, d]; fp32, RoPE (rotate-half) on the first dims. positions: [T] or the forward's
+        `RopePositions`."""
+        T = q_lat.shape[0]
         rp = rope.at(positions)
         q = rope.head_half_(self.wq_b(q_lat)[0].view(T, self.n, self.d).float(), rp)
         k = F.layer_norm(
-            self.wk(x)[0].float(),
+            k_x.float(),
             (self.d,),
             self.k_norm.weight.float(),
             self.k_norm.bias.float(),
             self.k_norm.eps,
         )
         k = rope.head_half_(k, rp)
-        w = self.weights_proj(x)[0].float() * (self.n**-0.5 * self.d**-0.5)
+        w = w_x.float() * (self.n**-0.5 * self.d**-0.5)
         return q, w, k

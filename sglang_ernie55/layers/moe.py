@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from sglang.srt.distributed.communication_op import tensor_model_parallel_all_reduce
-from sglang.srt.layers.linear import ColumnParallelLinear, ReplicatedLinear, RowParallelLinear
+from sglang.srt.layers.linear import MergedColumnParallelLinear, ReplicatedLinear, RowParallelLinear
 from sglang.srt.layers.moe import get_moe_a2a_backend
 from sglang.srt.layers.moe.fused_moe_triton import FusedMoE
 from sglang.srt.layers.moe.topk import StandardTopKOutput
@@ -27,19 +27,37 @@ def _p(name: str, prefix: str) -> str:
     return f"{prefix}.{name}" if prefix else name
 
 
+def silu_and_mul(gu: torch.Tensor) -> torch.Tensor:
+    """silu(g) * u of gu = [g | u] (last dim): SGLang's fused `SiluAndMul` kernel on CUDA (one launch, fp32 math,
+    one rounding), its native torch form elsewhere (a CPU server computes fp32, where the two agree)."""
+    d = gu.shape[-1] // 2
+    if gu.is_cuda:
+        from sgl_kernel import silu_and_mul as fused
+
+        out = torch.empty(gu.shape[:-1] + (d,), dtype=gu.dtype, device=gu.device)
+        fused(gu, out)
+        return out
+    return F.silu(gu[..., :d]) * gu[..., d:]
+
+
 class Ernie55SwiGLU(nn.Module):
-    """down(silu(gate x) * up x), gate/up column-parallel, down row-parallel (dense FFN, shared expert)."""
+    """down(silu(gate x) * up x), gate and up merged into one column-parallel Linear (`gate_up_proj`: one GEMM,
+    one FP8 activation quantisation; the checkpoint keeps `gate_proj` / `up_proj`), down row-parallel (dense
+    FFN, shared expert)."""
 
     def __init__(self, hidden: int, inter: int, quant_config, prefix: str, reduce_results: bool = True):
         super().__init__()
         tp = get_parallel().tp_size
         lq = lambda i, o: linear_quant_config(quant_config, i, o)  # noqa: E731
-        self.gate_proj = ColumnParallelLinear(
-            hidden, inter, bias=False, quant_config=lq(hidden, inter // tp), prefix=_p("gate_proj", prefix)
+        self.gate_up_proj = MergedColumnParallelLinear(
+            hidden,
+            [inter, inter],
+            bias=False,
+            quant_config=lq(hidden, inter // tp),
+            prefix=_p("gate_up_proj", prefix),
         )
-        self.up_proj = ColumnParallelLinear(
-            hidden, inter, bias=False, quant_config=lq(hidden, inter // tp), prefix=_p("up_proj", prefix)
-        )
+        # the checkpoint's names of the two shards (the model's loader maps them here)
+        self.gate_up_proj.ernie_parts = (_p("gate_proj", prefix), _p("up_proj", prefix))
         self.down_proj = RowParallelLinear(
             inter,
             hidden,
@@ -50,7 +68,7 @@ class Ernie55SwiGLU(nn.Module):
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)[0]) * self.up_proj(x)[0])[0]
+        return self.down_proj(silu_and_mul(self.gate_up_proj(x)[0]))[0]
 
 
 # Routing: s = mean_r sigmoid(x R_r^T) (fp32); ids = top-k(s + bias) (ties to the lower expert id);

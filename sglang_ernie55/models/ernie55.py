@@ -204,6 +204,13 @@ class Ernie5_5_MoeForCausalLM(nn.Module):
             )
         }
         self.model = Ernie55Model(config, quant_config, "model")
+        # Checkpoint Linears served merged (`layers.linear.InputProjections`, the SwiGLUs' gate_up_proj): the
+        # checkpoint module name -> (the merged Linear's module name, shard id), read off the modules themselves
+        self._merged = {
+            part: (name, shard)
+            for name, mod in self.named_modules()
+            for shard, part in enumerate(getattr(mod, "ernie_parts", ()))
+        }
         # --enable-dp-lm-head: each DP rank's own rows over the attention-TP group; else the logits processor
         # gathers the rows over DP for a head sharded over the whole TP group
         self.lm_head = ParallelLMHead(
@@ -256,14 +263,19 @@ class Ernie5_5_MoeForCausalLM(nn.Module):
         return streams.flatten(1).to(hidden.dtype)
 
     # ------------------------------------------------------------------------------------ weights
-    def checkpoint_to_param(self, name: str) -> tuple[str, tuple | None]:
-        """Checkpoint tensor name -> (parameter name, FusedMoE (shard_id, expert_id) or None)."""
+    def checkpoint_to_param(self, name: str) -> tuple[str, tuple | int | None]:
+        """Checkpoint tensor name -> (parameter name, where in it): FusedMoE's (shard_id, expert_id) for a routed
+        expert, the shard id (an int) for a part of a merged Linear, None for a parameter of its own."""
         m = self._EXPERT_KEY.search(name)
         hit = self._expert_params.get(m.group()) if m else None
-        if hit is None:
-            return name, None
-        param, expert, shard = hit
-        return name[: m.start()] + param + name[m.end() :], (shard, expert)
+        if hit is not None:
+            param, expert, shard = hit
+            return name[: m.start()] + param + name[m.end() :], (shard, expert)
+        module, _, leaf = name.rpartition(".")
+        merged = self._merged.get(module)
+        if merged is not None:
+            return f"{merged[0]}.{leaf}", merged[1]
+        return name, None
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """Strict: every checkpoint tensor must be expected with its exact shape, every expected tensor
@@ -299,15 +311,17 @@ class Ernie5_5_MoeForCausalLM(nn.Module):
                 padded = tensor.new_zeros(width)
                 padded[tuple(slice(0, n) for n in tensor.shape)] = tensor
                 tensor = padded
-            pname, moe = self.checkpoint_to_param(ckpt_name)
+            pname, where = self.checkpoint_to_param(ckpt_name)
             param = params.get(pname)
             if param is None:
                 errors.append(f"no parameter for checkpoint tensor {ckpt_name} (looked for {pname})")
                 return
             loader = getattr(param, "weight_loader", None)
-            if moe is not None:
-                shard, e = moe
+            if isinstance(where, tuple):
+                shard, e = where
                 loader(param, tensor, pname, shard_id=shard, expert_id=e)
+            elif where is not None:
+                loader(param, tensor, where)  # a merged Linear's shard
             elif loader is not None:
                 loader(param, tensor)
             else:

@@ -53,13 +53,15 @@ def test_every_checkpoint_tensor_maps_to_one_parameter(cfg, model_bf16, ref):
     m = model_bf16
     params = dict(m.named_parameters())
     hit: dict[str, int] = {}
+    shards: dict[str, set] = {}
     for name in expected_tensors(cfg):
         if name.startswith(m._SKIP_PREFIXES):
             continue
-        pname, moe = m.checkpoint_to_param(name)
+        pname, where = m.checkpoint_to_param(name)
         assert pname in params, f"{name} -> {pname} is no parameter"
         hit[pname] = hit.get(pname, 0) + 1
-        if moe is None:
+        shards.setdefault(pname, set()).add(where)
+        if where is None:
             assert hit[pname] == 1, f"{pname} is the target of two checkpoint tensors"
     assert set(hit) == set(params)
     E = cfg.n_routed_experts
@@ -68,11 +70,24 @@ def test_every_checkpoint_tensor_maps_to_one_parameter(cfg, model_bf16, ref):
             assert n == 2 * E
         elif pname.endswith("experts.w2_weight"):
             assert n == E
+    # merged Linears: each shard id exactly once, all of them (gate_up_proj: 2; x_proj groups: their parts)
+    merged = {p: w for p, w in shards.items() if all(isinstance(i, int) for i in w)}
+    assert any(p.endswith("mlp.gate_up_proj.weight") for p in merged)
+    assert any(".self_attn.x_proj.linears." in p for p in merged)
+    for pname, ids in merged.items():
+        assert hit[pname] == len(ids) and ids == set(range(len(ids))), (pname, hit[pname], ids)
+        assert len(ids) >= 2 or ".x_proj." in pname, f"{pname}: a merged Linear of one part"
     # loaded values are the reference's (a plain copy, a TP-1 shard, or an expert slice)
     sd = ref.state_dict()
     torch.testing.assert_close(
         params["model.layers.2.self_attn.wq_b.weight"], sd["model.layers.2.self_attn.wq_b.weight"]
     )
+    # merged: each checkpoint Linear at its rows, in the order of its shard id
+    for layer, parts in ((2, ("wq_a", "wkv", "compressor.wkv_gate")), (0, ("mlp.gate_proj", "mlp.up_proj"))):
+        names = [f"model.layers.{layer}.{'' if p.startswith('mlp') else 'self_attn.'}{p}.weight" for p in parts]
+        pname = m.checkpoint_to_param(names[0])[0]
+        assert all(m.checkpoint_to_param(n)[0] == pname for n in names)
+        torch.testing.assert_close(params[pname], torch.cat([sd[n] for n in names]))
     w13 = params["model.layers.1.mlp.experts.w13_weight"]
     inter = cfg.moe_intermediate_size
     torch.testing.assert_close(w13[3, :inter], sd["model.layers.1.mlp.experts.3.gate_proj.weight"])
@@ -112,10 +127,22 @@ def test_fp8_checkpoint_loads_strictly(cfg, tmp_path):
     m = th.build_model(cfg, Fp8Config.from_config(dict(FP8_QUANTIZATION_CONFIG)))
     m.load_weights(raw.items())
     p = dict(m.named_parameters())
-    kept = "model.layers.2.self_attn.wkv"
-    assert p[f"{kept}.weight"].dtype == torch.float8_e4m3fn
-    assert torch.equal(p[f"{kept}.weight"].view(torch.uint8), raw[f"{kept}.weight"].view(torch.uint8))
-    assert torch.equal(p[f"{kept}.weight_scale_inv"], raw[f"{kept}.weight_scale_inv"])
+    # wkv and the compressor's wkv_gate (128-multiples) keep FP8 codes + scales as stored, at their rows of the
+    # layer's merged FP8 Linear; wq_a (ragged) goes to its unquantized one
+    at = 0
+    for shard, part in enumerate(("wkv", "compressor.wkv_gate")):
+        kept = f"model.layers.2.self_attn.{part}"
+        w_name, where = m.checkpoint_to_param(f"{kept}.weight")
+        s_name = m.checkpoint_to_param(f"{kept}.weight_scale_inv")[0]
+        rows = raw[f"{kept}.weight"].shape[0]
+        assert where == shard and p[w_name].dtype == torch.float8_e4m3fn
+        codes = p[w_name][at : at + rows].view(torch.uint8)
+        assert torch.equal(codes, raw[f"{kept}.weight"].view(torch.uint8))
+        assert torch.equal(p[s_name][at // 128 : (at + rows) // 128], raw[f"{kept}.weight_scale_inv"])
+        at += rows
+    assert at == p[w_name].shape[0]
+    deq_name = m.checkpoint_to_param("model.layers.2.self_attn.wq_a.weight")[0]
+    assert deq_name != w_name and p[deq_name].dtype == torch.bfloat16
     _, deq = load_checkpoint(tmp_path, dtype=torch.float32)
     for name in (
         "model.layers.2.self_attn.wq_b.weight",
