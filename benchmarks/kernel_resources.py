@@ -1,8 +1,9 @@
 """Offline resource report of the sparse attention split kernel: compile it for sm_90 (Hopper) on a
 machine without a GPU and print registers, spills and whether Hopper's wgmma is used, for serving's default
 launch (the first rows: no tuning arguments passed, as serving calls it) and for other head-dim chunks
-(block_d) and launch configs. `--fused`: the one-launch kernels (decode metadata, indexer top-k) at serving
-shapes instead, exit 1 when one does not compile (the interpreter runs some code the compiler refuses).
+(block_d) and launch configs. `--fused`: the one-launch kernels (decode metadata, indexer top-k, RMSNorm + RoPE)
+at serving shapes instead, exit 1 when one does not compile (the interpreter runs some code the compiler
+refuses).
 
 The exact specialisations serving launches are captured, not retyped: `sparse_mqa_attention` is called on
 CPU tensors of the serving shapes (64 heads; HCA window 128 + 1024 compressed entries with a sink; MLA-DSA
@@ -126,8 +127,8 @@ def capture_split_launch(q, scopes, kw):
 def fused_launches():
     """name -> (kernel, args, kwargs) of the one-launch kernels at serving shapes: the decode / verify metadata
     (window 128, ratio 128, 256-token pages, context 32K; with and without the SWA window mapping, 1 and 3 rows
-    per request) and the indexer top-k (64 rows over 32K keys, top-2048; cache slots and positions; each of its
-    launch configurations)."""
+    per request), the indexer top-k (64 rows over 32K keys, top-2048; cache slots and positions; each of its
+    launch configurations) and the RMSNorm with and without the fused RoPE of the tail (the HCA q and kv)."""
     from types import SimpleNamespace
 
     from sglang_ernie55.attention import kernel_path as kp
@@ -162,6 +163,18 @@ def fused_launches():
         )
         out[f"indexer_topk_positions_{tag}"] = capture_launch(
             IX.indexer_topk_kernel, functools.partial(IX.indexer_topk, lg, pos, 2048, config=config)
+        )
+    from sglang_ernie55.kernels import norm as NM
+
+    T, cs = 64, torch.randn(64, 32)
+    wide = torch.randn(T, 2560)  # the HCA layer's merged x_proj output: q_lora 1024 | kv 512 | compressor 1024
+    for name, x, w, rope in (
+        ("rms_norm_rope_q", torch.randn(T, 64, 512), None, (cs, cs)),  # the weightless per-head q norm
+        ("rms_norm_rope_kv", wide[:, 1024:1536], torch.randn(512), (cs, cs)),  # kv_norm on its column slice
+        ("rms_norm", wide[:, :1024], torch.randn(1024), None),  # q_norm, no rotation
+    ):
+        out[name] = capture_launch(
+            NM.rms_norm_kernel, functools.partial(NM.rms_norm, x, w, 1e-6, None, rope=rope)
         )
     return out
 

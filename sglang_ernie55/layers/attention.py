@@ -29,6 +29,7 @@ __all__ = [
     "RopePositions",
     "RopeTable",
     "norm_fp32",
+    "norm_rope_fp32",
     "rms_norm_fp32",
 ]
 
@@ -85,6 +86,17 @@ def rms_norm_fp32(x: torch.Tensor, weight, eps: float, out_dtype: torch.dtype | 
         return rms_norm(x, weight, eps, out_dtype)
     y = norm.forward_native(x.float()) if norm is not None else rms_norm_torch(x, weight, eps)
     return y if out_dtype is None else y.to(out_dtype)
+
+
+def norm_rope_fp32(x: torch.Tensor, weight, eps: float, rp: RopePositions, rope: RopeTable, norm=None):
+    """fp32 RMSNorm of the last dim (weight None: weightless), then interleaved RoPE on its last rope dims at the
+    forward's positions; returns a new fp32 tensor. Kernels: one launch (`kernels.norm.rms_norm(rope=)`);
+    torch: the norm, then `RopeTable.tail_`."""
+    if rp.cos is not None and use_kernels(x):
+        from ..kernels.norm import rms_norm
+
+        return rms_norm(x, weight, eps, None, rope=(rp.cos, rp.sin))
+    return rope.tail_(rms_norm_fp32(x, weight, eps, None, norm), rp)
 
 
 class Compressor(nn.Module):
@@ -171,8 +183,8 @@ class Ernie55HCAAttention(nn.Module):
         rp = rope.at(positions)
         q_a, kv_x, cs = self.x_proj(x)
         q = self.wq_b(norm_fp32(self.q_norm, q_a, x.dtype))[0].view(T, self.h, self.D)
-        q = rope.tail_(rms_norm_fp32(q, None, self.eps), rp)  # weightless per-head norm (fp32, a new tensor)
-        kv = rope.tail_(norm_fp32(self.kv_norm, kv_x), rp)
+        q = norm_rope_fp32(q, None, self.eps, rp, rope)  # weightless per-head norm (fp32, a new tensor)
+        kv = norm_rope_fp32(kv_x, self.kv_norm.weight, self.kv_norm.variance_epsilon, rp, rope, self.kv_norm)
         cs = cs.float().contiguous()  # the compressor's [values | scores] rows, fp32, as the backend stores them
         o = self.attn(q, kv, kv, forward_batch, ernie_inputs=HCAInputs(cs, self.compressor, self.attn_sink))
         o = o.view(T, self.h, self.D)
