@@ -185,9 +185,12 @@ def test_loader_fills_padded_widths_with_zeros(padded_model):
         assert torch.equal(w13[P : P + I], sd[p + "up_proj.weight"].float()) and not w13[P + I :].any()
         assert torch.equal(w2[:, :I], sd[p + "down_proj.weight"].float()) and not w2[:, I:].any()
     dense = model.model.layers[0].mlp
-    n = cfg.intermediate_size
-    assert torch.equal(dense.gate_proj.weight[:n], sd["model.layers.0.mlp.gate_proj.weight"].float())
-    assert not dense.gate_proj.weight[n:].any() and not dense.up_proj.weight[n:].any()
+    n, N = cfg.intermediate_size, served.intermediate_size
+    gate, up = dense.gate_up_proj.weight[:N], dense.gate_up_proj.weight[N:]  # the merged Linear: [gate | up]
+    assert dense.gate_up_proj.weight.shape[0] == 2 * N
+    assert torch.equal(gate[:n], sd["model.layers.0.mlp.gate_proj.weight"].float()) and not gate[n:].any()
+    assert torch.equal(up[:n], sd["model.layers.0.mlp.up_proj.weight"].float()) and not up[n:].any()
+    assert torch.equal(dense.down_proj.weight[:, :n], sd["model.layers.0.mlp.down_proj.weight"].float())
     assert not dense.down_proj.weight[:, n:].any()
 
 

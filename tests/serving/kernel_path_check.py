@@ -100,7 +100,7 @@ class Layers:
 
         g = torch.Generator().manual_seed(seed)
         self.rope = RopeTable(cfg).to(device)
-        self.compressor = Compressor(cfg, self.rope, None, "c").to(device)
+        self.compressor = Compressor(cfg, self.rope).to(device)
         with torch.no_grad():
             self.compressor.ape.copy_(torch.randn(cfg.compress_ratio, cfg.head_dim, generator=g))
             self.compressor.norm.weight.copy_(1 + 0.1 * torch.randn(cfg.head_dim, generator=g))

@@ -45,11 +45,21 @@ def _setup(cfg, lens, dtype=torch.float32, width_extra=0, seed=0):
             pool.latent[lid].write(torch.arange(size + PAGE), torch.randn(size + PAGE, R + r, generator=g))
             keys = torch.randn(size + PAGE, dI, generator=g)
             # request slot 1's keys take one of 3 values: the top-k boundary falls inside a run of exact
-            # score ties, where the earlier positions must win
+            # score ties, where the earlier positions must win. Small integers, so that with `_index_inputs`
+            # every score of such a key is exact: a tie in any summation order (a BLAS kernel may round a
+            # column at the edge of its tile differently from one inside it)
             pick = torch.randint(0, 3, (lens[0],), generator=g)
-            keys[PAGE : PAGE + lens[0]] = torch.randn(3, dI, generator=g)[pick]
+            keys[PAGE : PAGE + lens[0]] = torch.randint(-3, 4, (3, dI), generator=g).float()[pick]
             pool.index_k[lid].write(torch.arange(size + PAGE), keys)
     return pool, r2t
+
+
+def _index_inputs(rows: int, nI: int, dI: int, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Indexer queries (integers) and head weights (multiples of 1/8): against `_setup`'s integer tie keys every
+    product and partial sum of a score is exact in fp32."""
+    iq = torch.randn(rows, nI, dI, generator=g).mul(2).round()
+    iw = torch.rand(rows, nI, generator=g).mul(8).round().div(8)
+    return iq, iw
 
 
 def _hca_ref(pool, lid, r2t, req, p, q, sink, scale, W, ratio):
@@ -128,7 +138,7 @@ def test_decode_rows_equal_reference(small_chunks, geometry):
         torch.testing.assert_close(out[i], want, rtol=1e-5, atol=1e-5)
     mla_lid = cfg.layer_types.index("mla_dsa")
     qm = torch.randn(4, h, R + r, generator=g)
-    iq, iw = torch.randn(4, nI, dI, generator=g), torch.rand(4, nI, generator=g)
+    iq, iw = _index_inputs(4, nI, dI, g)
     out = mla.decode(
         qm,
         torch.zeros(4, R + r),
@@ -181,7 +191,7 @@ def test_extend_queries_equal_reference(small_chunks):
     lid = cfg.layer_types.index("mla_dsa")
     kc, ik = pool.latent[lid].read(loc), pool.index_k[lid].read(loc)
     qm = torch.randn(E, h, R + r, generator=g)
-    iq, iw = torch.randn(E, nI, dI, generator=g), torch.rand(E, nI, generator=g)
+    iq, iw = _index_inputs(E, nI, dI, g)
     out = mla.extend(qm, kc, iq, iw, ik, 0.1, R, lid, loc, meta)
     for i in (0, 1, 77, 149):
         want = _mla_ref(pool, lid, r2t, 1, P + i, qm[i], iq[i], iw[i], 0.1, cfg.index_topk, R)
