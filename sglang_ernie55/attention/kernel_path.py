@@ -523,8 +523,9 @@ class KernelPath:
 
     def hca(self, meta: KernelMeta, q, kv, inputs: HCAInputs, layer) -> torch.Tensor:
         """Store the window kv, compress completed blocks, attend window + compressed entries + sink.
-        q [T, h, D] (normed, roped), kv [T, D], inputs.cs [T, 2D] fp32. Returns o [T, h, D] fp32 (rope slice
-        still rotated: the layer applies the inverse RoPE)."""
+        q [T, h, D] (normed, roped), kv [T, D], inputs.cs [T, 2D] fp32. Returns o [T, h, D] (rope slice still
+        rotated: the layer applies the inverse RoPE): fp32, or FlashMLA's own bf16 output when one FlashMLA call
+        serves every row (no fp32 copy: the layer's next step rounds o to its bf16 `wo_a` anyway)."""
         lid = layer.layer_id
         win, cmp = self.pool.win[lid], self.pool.cmp[lid]
         T, h, D = q.shape
@@ -535,6 +536,10 @@ class KernelPath:
         qb = q.to(self.query_dtype).contiguous()
         sink = inputs.sink.float().contiguous()
         flashmla = LAYER_HCA in self.flashmla
+        if flashmla and T <= ATTN_ROWS:
+            main = Scope(win.pool, win.geom, meta.win_idx, meta.win_len)
+            extra = Scope(cmp.pool, cmp.geom, meta.cmp_idx, meta.cmp_len)
+            return _flashmla(meta, ("hca", 0), qb, main, extra, layer.scaling, D, sink)
         out = torch.empty(T, h, D, dtype=torch.float32, device=q.device)
         for ci, t0 in enumerate(range(0, T, ATTN_ROWS)):
             t1 = min(T, t0 + ATTN_ROWS)
@@ -559,7 +564,8 @@ class KernelPath:
         """Store [latent | k_pe] and the indexer key, then per query chunk: indexer logits over the paged
         key pool, exact top-k (ties to the earlier position) as latent-pool slots, sparse absorbed MLA.
         q [T, h, R + r] (= [q_nope W_uk | q_pe]), kc [T, R + r], inputs: index_q [T, nI, dI], index_w [T, nI],
-        index_k [T, dI]. Returns o_latent [T, h, R] fp32."""
+        index_k [T, dI]. Returns o_latent [T, h, R]: fp32, or FlashMLA's own bf16 output when one indexer chunk
+        covers every row (as `hca`)."""
         lid = layer.layer_id
         lat, idx = self.pool.latent[lid], self.pool.index_k[lid]
         T, h, _ = q.shape
@@ -572,7 +578,8 @@ class KernelPath:
         iqb = inputs.index_q.to(self.query_dtype).contiguous()
         iw = inputs.index_w.float().contiguous()
         flashmla = LAYER_MLA_DSA in self.flashmla
-        out = torch.empty(T, h, R, dtype=torch.float32, device=q.device)
+        single = flashmla and len(meta.mla_chunks) == 1
+        out = None if single else torch.empty(T, h, R, dtype=torch.float32, device=q.device)
         for ci, (t0, t1, width) in enumerate(meta.mla_chunks):
             req, pos = meta.tok_req[t0:t1], meta.tok_pos[t0:t1]
             logits = indexer_logits(
@@ -583,7 +590,10 @@ class KernelPath:
             del logits
             main = Scope(lat.pool, lat.geom, sel, n)
             if flashmla:
-                out[t0:t1] = _flashmla(meta, ("mla", ci), qb[t0:t1], main, None, layer.scaling, R, None)
+                o = _flashmla(meta, ("mla", ci), qb[t0:t1], main, None, layer.scaling, R, None)
+                if single:
+                    return o
+                out[t0:t1] = o
             else:
                 sparse_mqa_attention(
                     qb[t0:t1],

@@ -188,11 +188,14 @@ class Ernie55HCAAttention(nn.Module):
         cs = cs.float().contiguous()  # the compressor's [values | scores] rows, fp32, as the backend stores them
         o = self.attn(q, kv, kv, forward_batch, ernie_inputs=HCAInputs(cs, self.compressor, self.attn_sink))
         o = o.view(T, self.h, self.D)
-        o = rope.tail_(
-            o if o.dtype == torch.float32 else o.float(), rp, inverse=True
-        )  # o: the backend's fresh output
+        wa = self.wo_a.weight.view(self.G, self.o_lora, self.h // self.G * self.D)
+        # o (the backend's fresh output) rotated back in place: in fp32, or in bf16 when the backend returned
+        # FlashMLA's bf16 rows and wo_a is bf16. Both give the same bf16 operand: RoPE computes in fp32 and rounds
+        # once, and a bf16 o is exact in fp32; the bf16 form skips an fp32 copy and a cast.
+        if o.dtype not in (torch.float32, wa.dtype):
+            o = o.float()
+        o = rope.tail_(o, rp, inverse=True)
         og = o.reshape(T, self.G, self.h // self.G * self.D)  # explicit sizes: T = 0 works
-        wa = self.wo_a.weight.view(self.G, self.o_lora, og.shape[-1])
         # in the weight's dtype, fp32 accumulation (no fp32 copy of wo_a per step); fp32 weights: unchanged
         z = torch.einsum("tgk,grk->tgr", og.to(wa.dtype), wa).reshape(T, self.G * self.o_lora)
         return self.wo_b(z.to(x.dtype))[0]

@@ -1,7 +1,7 @@
 """The model's per-layer compute on the Triton kernels vs the torch math (SGLANG_ERNIE55_LAYER_IMPL), tiny
 config, fp32 weights.
 
-Run from the repository root (`python -m tests.serving.layer_impl_check {pieces,model,graph} [DEVICE [GEOMETRY]]`, prints one JSON line;
+Run from the repository root (`python -m tests.serving.layer_impl_check {pieces,model,graph,bf16_out} [DEVICE [GEOMETRY]]`, prints one JSON line;
 the CPU tests run it with TRITON_INTERPRET=1 in a subprocess, so that the variable is set before Triton
 decorates the kernels) or import `run_pieces` / `run_model` / `run_graph` (the GPU tests).
 
@@ -26,6 +26,9 @@ are counted, their R' rows excluded; every other id must be equal.
 model: the SGLang model (tiny, or GEOMETRY) end to end (fp32 weights, dense fp32 pool, the backend's torch
 twin) with the layers on the kernels vs on torch and vs the reference model: a chunked prefill crossing the
 compression block, decode steps.
+
+bf16_out: the backend's output in FlashMLA's form (bf16 rows of a head-padded buffer) vs the Triton kernels'
+(fp32): each attention kind's layer, bf16 weights, the same R' bit for bit on both computes.
 
 graph (CUDA): the three layers of a decode step (batch 1 and 8, recording stub attention) captured in one CUDA
 graph per compute (torch / triton), replayed with new streams and positions copied into the static inputs:
@@ -322,6 +325,62 @@ def run_model(device: str = "cpu", geometry: str = "tiny") -> dict:
     return rep
 
 
+class FixedAttention(nn.Module):
+    """Stands in for RadixAttention: returns `make()`, a fresh backend output (the layer rotates it in place)."""
+
+    def __init__(self):
+        super().__init__()
+        self.make = None
+
+    def forward(self, q, k, v, forward_batch, ernie_inputs):
+        return self.make()
+
+
+def run_bf16_out(device: str = "cpu", geometry: str = "tiny", ts=(1, 3, 19)) -> dict:
+    """The backend's output as FlashMLA returns it (bf16 rows, a head slice of a head-padded buffer) vs the same
+    values as the Triton kernels return them (fp32, contiguous): each attention kind's decoder layer (bf16
+    weights) gives the same R' bit for bit, on both computes."""
+    from sglang_ernie55.reference.model import build_reference
+
+    th.init_dist()
+    cfg = geometry_config(geometry)
+    model = th.build_model(cfg, dtype=torch.bfloat16)
+    model.load_weights(build_reference(cfg, seed=0).state_dict().items())
+    model = model.to(device)
+    model.prepare_after_load()
+    th.torch_experts(model)
+    n, H = cfg.hc_mult, cfg.hidden_size
+    kinds = {}
+    for li, layer in enumerate(model.model.layers):
+        kinds.setdefault(layer.kind, li)
+    g = torch.Generator().manual_seed(11)
+    rep: dict = {"geometry": geometry, "layers": {}}
+    with torch.no_grad():
+        for kind, li in sorted(kinds.items()):
+            layer = model.model.layers[li]
+            att = layer.self_attn
+            h, width = att.h, (att.D if kind == "hca" else att.r)
+            layer.self_attn.attn = stub = FixedAttention()
+            for T in ts:
+                R = torch.randn(T, n, H, generator=g).to(device)
+                pos = torch.randint(0, 5000, (T,), generator=g).to(device)
+                buf = torch.randn(T, h + 3, width, generator=g).to(device=device, dtype=torch.bfloat16)
+                for impl in ("torch", "triton"):
+                    _set(impl)
+                    outs = {}
+                    for form, make in {
+                        "flashmla_bf16": lambda buf=buf, h=h: buf.clone()[:, :h],
+                        "fp32": lambda buf=buf, h=h: buf[:, :h].float(),
+                    }.items():
+                        stub.make = make
+                        outs[form] = layer(pos, R.clone(), None, torch.bfloat16)
+                    same = torch.equal(outs["flashmla_bf16"], outs["fp32"])
+                    d = float((outs["flashmla_bf16"] - outs["fp32"]).abs().max())
+                    rep["layers"][f"{kind}/layer{li}/T{T}/{impl}"] = {"equal": same, "max_diff": d}
+    rep["all_equal"] = all(v["equal"] for v in rep["layers"].values())
+    return rep
+
+
 def run_graph(geometry: str = "full", batches=(1, 8), replays: int = 3) -> dict:
     """CUDA: the decode step's three layers captured per compute, replayed = eager; triton vs torch; timings."""
     cfg, _, model = _model("cuda", geometry)
@@ -395,5 +454,13 @@ if __name__ == "__main__":
         print(json.dumps(run_pieces(dev, 1e-5 if dev == "cpu" else 1e-4, geom)))
     elif mode == "graph":
         print(json.dumps(run_graph(geom)))
+    elif mode == "bf16_out":
+        if os.environ.get("TRITON_INTERPRET") == "1":
+            # bit-for-bit bf16 stores need the GPU's rounding (the interpreter truncates): tests/shim_lib
+            from tests.shim_lib.triton_bf16 import install as _gpu_bf16_rounding
+
+            why = _gpu_bf16_rounding()
+            assert why is None, why
+        print(json.dumps(run_bf16_out(dev, geom)))
     else:
         print(json.dumps(run_model(dev, geom)))

@@ -113,6 +113,17 @@ def test_model_on_kernels_at_odd_geometry():
         assert rep[name]["top1_equal"] == rep["positions"], rep
 
 
+@pytest.mark.parametrize("geometry", ["tiny", "odd"])
+def test_flashmla_bf16_output_gives_the_fp32_outputs_layer(geometry):
+    """The backend hands an HCA / MLA-DSA layer FlashMLA's own bf16 output (a head slice of a head-padded buffer,
+    as `kernel_path._flashmla` returns it) or the same values in fp32 (the Triton kernels' output): with bf16
+    weights the layer's output R' is the same bit for bit, T in {1, 3, 19}, on the torch math and on the kernels
+    (the interpreter with the GPU's fp32 -> bf16 rounding, tests/shim_lib/triton_bf16.py)."""
+    rep = run_check("bf16_out", "cpu", geometry)
+    assert len(rep["layers"]) == 2 * 3 * 2, rep  # attention kinds x T x computes
+    assert rep["all_equal"], rep
+
+
 def test_forced_kernels_load_on_cpu_then_move(monkeypatch):
     """SGLANG_ERNIE55_LAYER_IMPL=triton without the interpreter: a model loaded on the CPU (and moved to the GPU
     later, as tests/serving/test_layer_impl_gpu.py does) loads; the post-load router matrix is built, the
