@@ -83,8 +83,7 @@ COMPONENTS = (
     ("moe.latent", "latent down / up", ("moe.latent",)),
     ("moe.experts", "expert GEMMs", ("moe.experts",)),
     ("moe.shared", "shared expert", ("moe.shared",)),
-    ("mhc", "mHC", ("mhc",)),
-    ("norm", "norms", ("norm",)),
+    ("mhc", "mHC + sub-layer norms", ("mhc",)),
     ("lm_head", "LM head", ("lm_head",)),
     (SAMPLING, "sampling", (SAMPLING,)),
     ("other", "other (outside the ranges)", ()),
@@ -382,12 +381,13 @@ def floors(model, cfg, pool, B: int, ctx: int) -> dict[str, Floor]:
             out["mhc"].weights(hc, B)
             out["mhc"].bytes += 3 * stream  # pre reads R; post reads R and writes R'
         for norm in (layer.input_layernorm, layer.post_attention_layernorm):
-            out["norm"].weights(norm, B)
-            out["norm"].bytes += B * H * (4 + act_size)
+            # the site's tail applies the sub-layer norm: its weight, and the normed row it writes
+            out["mhc"].weights(norm, B)
+            out["mhc"].bytes += B * H * act_size
     out["mhc"].weights(m.hc_head, B)
     out["mhc"].bytes += stream
-    out["norm"].weights(m.norm, B)
-    out["norm"].bytes += B * H * (4 + act_size)
+    out["mhc"].weights(m.norm, B)
+    out["mhc"].bytes += B * H * act_size
     out["embed"].bytes += B * H * act_size + stream
     V = cfg.vocab_size
     out["lm_head"].weights(model.lm_head, B)

@@ -1,7 +1,7 @@
 """Offline resource report of the sparse attention split kernel: compile it for sm_90 (Hopper) on a
 machine without a GPU and print registers, spills and whether Hopper's wgmma is used, for serving's default
 launch (the first rows: no tuning arguments passed, as serving calls it) and for other head-dim chunks
-(block_d) and launch configs. `--fused`: the one-launch kernels (decode metadata, indexer top-k, RMSNorm + RoPE)
+(block_d) and launch configs. `--fused`: the one-launch kernels (decode metadata, indexer top-k, RMSNorm + RoPE, the mHC tail with its sub-layer norm)
 at serving shapes instead, exit 1 when one does not compile (the interpreter runs some code the compiler
 refuses).
 
@@ -128,7 +128,8 @@ def fused_launches():
     """name -> (kernel, args, kwargs) of the one-launch kernels at serving shapes: the decode / verify metadata
     (window 128, ratio 128, 256-token pages, context 32K; with and without the SWA window mapping, 1 and 3 rows
     per request), the indexer top-k (64 rows over 32K keys, top-2048; cache slots and positions; each of its
-    launch configurations) and the RMSNorm with and without the fused RoPE of the tail (the HCA q and kv)."""
+    launch configurations), the RMSNorm with and without the fused RoPE of the tail (the HCA q and kv), and the
+mHC site's tail with and without the sub-layer RMSNorm (full width, 64 tokens)."""
     from types import SimpleNamespace
 
     from sglang_ernie55.attention import kernel_path as kp
@@ -176,6 +177,18 @@ def fused_launches():
         out[name] = capture_launch(
             NM.rms_norm_kernel, functools.partial(NM.rms_norm, x, w, 1e-6, None, rope=rope)
         )
+    from sglang_ernie55.kernels import mhc as MH
+
+    n, H = 4, 4096  # the mHC site's tail: plain (y fp32), with the sub-layer norm (bf16 out), hc_head + final norm
+    R, kw = torch.randn(T, n, H), dict(hc_eps=1e-6, rms_eps=1e-6)
+    fn, base, scale = torch.randn((2 + n) * n, n * H), torch.randn((2 + n) * n), torch.rand(3)
+    norm = MH.SublayerNorm(torch.randn(H), 1e-6, torch.bfloat16)
+    for name, call in (
+        ("hc_pre_tail", functools.partial(MH.hc_pre, R, fn, base, scale, iters=20, **kw)),
+        ("hc_pre_tail_norm", functools.partial(MH.hc_pre, R, fn, base, scale, iters=20, norm=norm, **kw)),
+        ("hc_head_norm", functools.partial(MH.hc_head, R, fn[:n], base[:n], scale[:1], norm=norm, **kw)),
+    ):
+        out[name] = capture_launch(MH.hc_pre_tail_kernel, call)
     return out
 
 

@@ -7,6 +7,8 @@ Backend ``"ours"`` (``"auto"``): a cuBLAS fp32 GEMM for the raw mix and one fuse
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import triton
 
@@ -41,6 +43,71 @@ def _raw_mix(R: torch.Tensor, fn: torch.Tensor) -> torch.Tensor:
     return R.reshape(T, n * H).float() @ fn.t()
 
 
+# Widest row the fused sub-layer norm holds in one tile (kernels.norm's limit)
+NORM_MAX_WIDTH = 16384
+
+
+@dataclasses.dataclass(frozen=True)
+class SublayerNorm:
+    """The RMSNorm that follows an mHC site (the sub-layer's input norm, or the final norm after hc_head), done
+    by the site's tail kernel: y * rsqrt(mean(y^2) + eps) [* weight] in fp32, rounded once to `out_dtype`."""
+
+    weight: torch.Tensor | None
+    eps: float
+    out_dtype: torch.dtype
+
+
+def _check_norm(norm: SublayerNorm | None, H: int) -> None:
+    if norm is None:
+        return
+    check(H <= NORM_MAX_WIDTH, f"fused sub-layer norm: row width {H} > {NORM_MAX_WIDTH}")
+    check(
+        norm.out_dtype in (torch.float32, torch.bfloat16, torch.float16),
+        f"fused sub-layer norm: float out_dtype, got {norm.out_dtype}",
+    )
+    w = norm.weight
+    check(
+        w is None or (w.shape == (H,) and w.is_contiguous()), f"fused sub-layer norm: weight contiguous [{H}]"
+    )
+
+
+def _tail(m, base, scale, R, out, pre, post, C, *, hc_eps, rms_eps, iters, head, rms, norm) -> None:
+    """One launch of `hc_pre_tail_kernel` over the T tokens of R (pre / post / C unused when `head`)."""
+    T, n, H = R.shape
+    block = min(1024, triton.next_power_of_2(H))
+    nblock = triton.next_power_of_2(H)
+    w = norm.weight if norm is not None and norm.weight is not None else out
+    hc_pre_tail_kernel[(T,)](
+        m,
+        m.stride(0),
+        base,
+        scale,
+        R,
+        R.stride(0),
+        R.stride(1),
+        H,
+        pre,
+        post,
+        C,
+        out,
+        out.stride(0),
+        float(hc_eps),
+        float(rms_eps),
+        w,
+        float(norm.eps) if norm is not None else 0.0,
+        N=n,
+        NP=triton.next_power_of_2(n),
+        ITERS=iters,
+        BLOCK=block,
+        HEAD=head,
+        RMS=rms,
+        NORM=norm is not None,
+        HAS_W=norm is not None and norm.weight is not None,
+        NBLOCK=nblock,
+        num_warps=4 if norm is None or nblock <= 1024 else (8 if nblock <= 4096 else 16),
+    )
+
+
 def hc_pre(
     R: torch.Tensor,
     fn: torch.Tensor,
@@ -51,6 +118,7 @@ def hc_pre(
     iters: int,
     rms_eps: float,
     backend: str = "auto",
+    norm: SublayerNorm | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """With x = R.flatten(-1) (fp32; C[j, i]: stream j -> i):
 
@@ -60,12 +128,16 @@ def hc_pre(
 
     hc_post then gives R'[i] = post[i] f + sum_j C[j, i] R[j]; hc_head: y = sum_i (sigmoid(m s + b) + eps)[i] R[i].
     R [T, n, H] (fp32/bf16); fn fp32 [(2+n)n, nH]; base fp32 [(2+n)n]; scale fp32 [3].
-    Returns y fp32 [T, H] (before the sublayer's RMSNorm), post fp32 [T, n], C fp32 [T, n, n]."""
+    Returns y fp32 [T, H] (before the sublayer's RMSNorm), post fp32 [T, n], C fp32 [T, n, n]. With `norm`
+    (backend "ours" only): the sub-layer's RMSNorm of y in the same launch, [T, H] in norm.out_dtype, in
+    place of y."""
     T, n, H = _check_R(R)
     rows = (2 + n) * n
     check(fn.shape == (rows, n * H), f"fn: [{rows}, {n * H}], got {tuple(fn.shape)}")
     check(base.shape == (rows,) and base.dtype == torch.float32, f"base: fp32 [{rows}]")
     check(scale.shape == (3,) and scale.dtype == torch.float32, "scale: fp32 [3]")
+    _check_norm(norm, H)
+    check(norm is None or backend != "sglang", "hc_pre: the fused sub-layer norm needs backend 'ours'")
     if backend == "sglang":
         from sglang.kernels.ops.layernorm.mhc import _hc_split_sinkhorn_triton, mhc_combine
 
@@ -75,34 +147,26 @@ def hc_pre(
         return y, post[0], C[0]
     check(fn.dtype == torch.float32, "fn: fp32")
     m = _raw_mix(R, fn)
-    y = torch.empty(T, H, dtype=torch.float32, device=R.device)
+    y = torch.empty(T, H, dtype=torch.float32 if norm is None else norm.out_dtype, device=R.device)
     pre = torch.empty(T, n, dtype=torch.float32, device=R.device)
     post = torch.empty(T, n, dtype=torch.float32, device=R.device)
     C = torch.empty(T, n, n, dtype=torch.float32, device=R.device)
     if T:
-        hc_pre_tail_kernel[(T,)](
+        _tail(
             m,
-            m.stride(0),
             base,
             scale,
             R,
-            R.stride(0),
-            R.stride(1),
-            H,
+            y,
             pre,
             post,
             C,
-            y,
-            y.stride(0),
-            float(hc_eps),
-            float(rms_eps),
-            N=n,
-            NP=triton.next_power_of_2(n),
-            ITERS=iters,
-            BLOCK=min(1024, triton.next_power_of_2(H)),
-            HEAD=False,
-            RMS=True,
-            num_warps=4,
+            hc_eps=hc_eps,
+            rms_eps=rms_eps,
+            iters=iters,
+            head=False,
+            rms=True,
+            norm=norm,
         )
     return y, post, C
 
@@ -153,9 +217,12 @@ def hc_head(
     hc_eps: float,
     rms_eps: float,
     backend: str = "auto",
+    norm: SublayerNorm | None = None,
 ) -> torch.Tensor:
-    """R [T, n, H]; fn fp32 [n, nH]; base fp32 [n]; scale fp32 [1]. Returns y fp32 [T, H]."""
+    """R [T, n, H]; fn fp32 [n, nH]; base fp32 [n]; scale fp32 [1]. Returns y fp32 [T, H], or with `norm` the
+    final RMSNorm of y in the same launch ([T, H] in norm.out_dtype; as `hc_pre`)."""
     T, n, H = _check_R(R)
+    _check_norm(norm, H)
     check(
         fn.shape == (n, n * H) and base.shape == (n,) and scale.numel() >= 1,
         "hc_head params: fn [n, nH], base [n]",
@@ -166,30 +233,22 @@ def hc_head(
     )
     fused = backend != "sglang"
     m = _raw_mix(R, fn) if fused else hc_mix(R, fn, rms_eps, "sglang")
-    y = torch.empty(T, H, dtype=torch.float32, device=R.device)
+    y = torch.empty(T, H, dtype=torch.float32 if norm is None else norm.out_dtype, device=R.device)
     if T:
-        hc_pre_tail_kernel[(T,)](
+        _tail(
             m,
-            m.stride(0),
             base,
             scale,
             R,
-            R.stride(0),
-            R.stride(1),
-            H,
             y,
             y,
             y,
             y,
-            y.stride(0),
-            float(hc_eps),
-            float(rms_eps),
-            N=n,
-            NP=triton.next_power_of_2(n),
-            ITERS=1,
-            BLOCK=min(1024, triton.next_power_of_2(H)),
-            HEAD=True,
-            RMS=fused,
-            num_warps=4,
+            hc_eps=hc_eps,
+            rms_eps=rms_eps,
+            iters=1,
+            head=True,
+            rms=fused,
+            norm=norm,
         )
     return y

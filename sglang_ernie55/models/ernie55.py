@@ -30,7 +30,7 @@ from ..attention.cp import ffn_rows, is_split
 from ..checkpoint.fp8 import Fp8Pairs
 from ..checkpoint.spec import FORMAT_BF16, FORMAT_FP8, SCALE_SUFFIX, stored_tensors
 from ..configuration import LAYER_HCA, Ernie55Config, checkpoint_config
-from ..layers.attention import Ernie55HCAAttention, Ernie55MLADSAAttention, RopeTable, norm_fp32
+from ..layers.attention import Ernie55HCAAttention, Ernie55MLADSAAttention, RopeTable
 from ..layers.impl import check_layer_impl
 from ..layers.mhc import HyperConnection, HyperHead
 from ..layers.moe import Ernie55LatentMoE, Ernie55SwiGLU
@@ -90,17 +90,14 @@ class Ernie55DecoderLayer(nn.Module):
         """R [T, n, H] fp32 streams -> R' (fp32). positions: [T], or the forward's `RopePositions` (the model
         builds it once for all layers; the ECHO draft passes the raw positions of its one layer)."""
         positions = self.rope[0].at(positions)
+        # each mHC site's pre also applies the sub-layer's input norm (one launch on the kernels)
         with forward_range("mhc"):
-            y, post, C = self.attn_hc.pre(R)
-        with forward_range("norm"):
-            x = norm_fp32(self.input_layernorm, y, dtype)
+            x, post, C = self.attn_hc.pre(R, self.input_layernorm, dtype)
         with forward_range(self.kind):
             a = self.self_attn(x, positions, forward_batch)
         with forward_range("mhc"):
             R = self.attn_hc.post(a, R, post, C)
-            y, post, C = self.ffn_hc.pre(R)
-        with forward_range("norm"):
-            x = norm_fp32(self.post_attention_layernorm, y, dtype)
+            x, post, C = self.ffn_hc.pre(R, self.post_attention_layernorm, dtype)
         with forward_range(self.ffn_range):
             f = self.ffn(x, forward_batch)
         with forward_range("mhc"):
@@ -154,9 +151,7 @@ class Ernie55Model(nn.Module):
         for layer in self.layers:
             R = layer(rp, R, forward_batch, dtype)
         with forward_range("mhc"):
-            y = self.hc_head(R)
-        with forward_range("norm"):
-            hidden = norm_fp32(self.norm, y, dtype)
+            hidden = self.hc_head(R, self.norm, dtype)
         if is_split(forward_batch):
             # SGLang's prefill-CP runner calls this body on the rank's rows, all-gathers every tensor it returns
             # and hands a second one to the logits processor as hidden_states_before_norm: the streams only

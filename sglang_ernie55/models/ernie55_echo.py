@@ -191,7 +191,7 @@ class Ernie5_5MoeMTPModel(nn.Module):
         dtype = self.embed_tokens.weight.dtype
         R = self.echo_inputs(input_ids, forward_batch.spec_info.hidden_states, input_embeds)
         R = self.decoder_layer(positions, R, forward_batch, dtype)
-        return norm_fp32(self.echo.norm, self.hc_head(R), dtype), R
+        return self.hc_head(R, self.echo.norm, dtype), R
 
     @torch.no_grad()
     def forward(

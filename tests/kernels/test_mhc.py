@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from sglang_ernie55.kernels import mhc as K
+from sglang_ernie55.reference import functional as Fn
 from sglang_ernie55.reference import mhc as M
 from tests.kernels.kutil import DEV, rel
 
@@ -92,3 +93,61 @@ def test_mhc_rows_are_independent():
             f[t : t + 1].clone(), R[t : t + 1].clone(), post[t : t + 1].clone(), C[t : t + 1].clone()
         )
         assert torch.equal(o1[0], out[t])
+
+
+def _check_norm(T, n, H, out_dtype, weighted, R_dtype=torch.float32):
+    """hc_pre / hc_head with the sub-layer norm in the tail launch vs the reference's site then its RMSNorm:
+    fp32 out to 1e-5 (the norm's fp32 sum order differs from the norm kernel's), bf16 out within one bf16 ulp of
+    the reference rounded to bf16 (round to nearest on the GPU; the CPU interpreter truncates); post and C equal
+    the unfused call's bit for bit."""
+    g = torch.Generator().manual_seed(T * 1000 + H + n)
+    R = torch.randn(T, n, H, generator=g).to(DEV, R_dtype)
+    fn, base, scale = _params(n, H, (2 + n) * n)
+    w = (1 + 0.3 * torch.randn(H, generator=g)).to(DEV) if weighted else None
+    eps = 1e-6
+    norm = K.SublayerNorm(w, eps, out_dtype)
+    kw = dict(hc_eps=1e-6, iters=20, rms_eps=1e-6)
+    x, post, C = K.hc_pre(R, fn, base, scale, norm=norm, **kw)
+    _, post0, C0 = K.hc_pre(R, fn, base, scale, **kw)
+    assert x.shape == (T, H) and x.dtype == out_dtype
+    assert torch.equal(post, post0) and torch.equal(C, C0)
+    ry, _, _ = M.hc_pre(R.float().cpu(), fn.cpu(), base.cpu(), scale.cpu(), **kw)
+    want = Fn.rms_norm(ry, None if w is None else w.cpu(), eps)
+    hfn, hbase, hscale = _params(n, H, n)
+    hx = K.hc_head(R, hfn, hbase, hscale[:1], hc_eps=1e-6, rms_eps=1e-6, norm=norm)
+    rh = M.hc_head(R.float().cpu(), hfn.cpu(), hbase.cpu(), hscale[:1].cpu(), hc_eps=1e-6, rms_eps=1e-6)
+    hwant = Fn.rms_norm(rh, None if w is None else w.cpu(), eps)
+    for got, ref in ((x, want), (hx, hwant)):
+        if out_dtype == torch.float32:
+            torch.testing.assert_close(got.cpu(), ref, rtol=1e-5, atol=1e-5)
+        else:
+            torch.testing.assert_close(got.cpu().float(), ref.to(out_dtype).float(), rtol=2**-7, atol=1e-6)
+
+
+@pytest.mark.parametrize("T", [0, 1, 19])
+@pytest.mark.parametrize("n, H", [(4, 64), (3, 96), (4, 1100)])
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("weighted", [True, False])
+def test_mhc_fused_sublayer_norm(T, n, H, out_dtype, weighted):
+    _check_norm(T, n, H, out_dtype, weighted)
+
+
+def test_mhc_fused_sublayer_norm_refuses_bad_arguments():
+    n, H = 4, 64
+    R = torch.randn(2, n, H, device=DEV)
+    fn, base, scale = _params(n, H, (2 + n) * n)
+    kw = dict(hc_eps=1e-6, iters=20, rms_eps=1e-6)
+    with pytest.raises(ValueError, match="weight contiguous"):
+        K.hc_pre(
+            R, fn, base, scale, norm=K.SublayerNorm(torch.ones(H + 1, device=DEV), 1e-6, torch.float32), **kw
+        )
+    with pytest.raises(ValueError, match="float out_dtype"):
+        K.hc_pre(R, fn, base, scale, norm=K.SublayerNorm(None, 1e-6, torch.int8), **kw)
+    with pytest.raises(ValueError, match="backend 'ours'"):
+        K.hc_pre(R, fn, base, scale, norm=K.SublayerNorm(None, 1e-6, torch.float32), backend="sglang", **kw)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T", [1, 64, 1000])
+def test_mhc_fused_sublayer_norm_full(T):
+    _check_norm(T, 4, 4096, torch.bfloat16, True)

@@ -38,6 +38,7 @@ def test_one_launch_kernels_compile_for_sm90(tmp_path):
     topk = {f"indexer_topk_{kind}_{b}x{w}w" for kind in ("slots", "positions") for _r, (b, w) in TOPK_CONFIGS}
     meta = {f"decode_meta{m}_rows{r}" for m in ("", "_mapped") for r in (1, 3)}
     norms = {"rms_norm_rope_q", "rms_norm_rope_kv", "rms_norm"}
-    assert set(rows) == meta | topk | norms
+    mhc = {"hc_pre_tail", "hc_pre_tail_norm", "hc_head_norm"}
+    assert set(rows) == meta | topk | norms | mhc
     for name, r in rows.items():
         assert r["spill_st"] == 0 and r["spill_ld"] == 0, (name, r)

@@ -24,15 +24,23 @@ def hc_pre_tail_kernel(
     y_stride,
     hc_eps,
     rms_eps,
+    w_ptr,
+    norm_eps,
     N: tl.constexpr,
     NP: tl.constexpr,
     ITERS: tl.constexpr,
     BLOCK: tl.constexpr,
     HEAD: tl.constexpr,
     RMS: tl.constexpr,
+    NORM: tl.constexpr,
+    HAS_W: tl.constexpr,
+    NBLOCK: tl.constexpr,
 ):
     """One program per token. m row = [pre N | post N | comb N*N] (HEAD: [pre N] only). RMS: m holds the
-    raw mix x @ fn^T and the program scales it by rsqrt(mean(x^2) + rms_eps) over its own row of R."""
+    raw mix x @ fn^T and the program scales it by rsqrt(mean(x^2) + rms_eps) over its own row of R.
+    NORM: the row y = sum_i pre[i] R[i] is built whole in one NBLOCK (>= H) tile, stream by stream, and the
+    program writes the sub-layer's RMSNorm of it, y * rsqrt(mean(y^2) + norm_eps) [* w], rounded once to
+    y_ptr's dtype, instead of y."""
     t = tl.program_id(0).to(tl.int64)
     i = tl.arange(0, NP)
     im = i < N
@@ -81,15 +89,28 @@ def hc_pre_tail_kernel(
             c = tl.where(mm, c / (tl.sum(c, 0)[None, :] + hc_eps), 0.0)
         tl.store(c_ptr + t * N * N + jj * N + kk, c, mask=mm)
     # y = sum_i pre[i] * R[i]
-    for h0 in range(0, H, BLOCK):
-        h = h0 + tl.arange(0, BLOCK)
+    if NORM:
+        h = tl.arange(0, NBLOCK)
         hm = h < H
-        r = tl.load(
-            r_ptr + t * r_stride_t + i[:, None] * r_stride_n + h[None, :],
-            mask=im[:, None] & hm[None, :],
-            other=0.0,
-        ).to(tl.float32)
-        tl.store(y_ptr + t * y_stride + h, tl.sum(pre[:, None] * r, 0), mask=hm)
+        y = tl.zeros([NBLOCK], tl.float32)
+        for j in tl.static_range(N):
+            pj = tl.sum(tl.where(i == j, pre, 0.0), 0)
+            rj = tl.load(r_ptr + t * r_stride_t + j * r_stride_n + h, mask=hm, other=0.0).to(tl.float32)
+            y += pj * rj
+        x = y * tl.rsqrt(tl.sum(y * y, 0) / H + norm_eps)
+        if HAS_W:
+            x = x * tl.load(w_ptr + h, mask=hm, other=0.0).to(tl.float32)
+        tl.store(y_ptr + t * y_stride + h, x.to(y_ptr.dtype.element_ty), mask=hm)
+    else:
+        for h0 in range(0, H, BLOCK):
+            h = h0 + tl.arange(0, BLOCK)
+            hm = h < H
+            r = tl.load(
+                r_ptr + t * r_stride_t + i[:, None] * r_stride_n + h[None, :],
+                mask=im[:, None] & hm[None, :],
+                other=0.0,
+            ).to(tl.float32)
+            tl.store(y_ptr + t * y_stride + h, tl.sum(pre[:, None] * r, 0), mask=hm)
 
 
 @triton.jit
