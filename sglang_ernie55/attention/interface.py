@@ -21,7 +21,8 @@ INPUTS_KW = "ernie_inputs"  # the one keyword RadixAttention.forward passes thro
 class HCAInputs:
     """An HCA layer's inputs beside q [T, h, D] and kv [T, D] (k = v).
 
-    cs:         [T, 2D] fp32, the compressor's [values | scores] of every token;
+    cs:         [T, 2D], the compressor's [values | scores] of every token, in the layer's dtype (rows may be
+                strided: a column slice of the layer's merged input projection); both paths read it as fp32;
     compressor: the layer's `Compressor` (`compress(rows, block_idx)`, `ape`, `norm`, `eps`, `inv_freq`);
     sink:       [h] fp32, the per-head attention sink logits."""
 

@@ -506,7 +506,9 @@ class KernelPath:
         cmp, state = self.pool.cmp[lid], self.pool.state[lid]
         cos, sin = self.rope_tables(compressor.inv_freq)
         w = compressor.norm.weight
-        kvs = cs if cs.dtype == torch.float32 and cs.is_contiguous() else cs.float().contiguous()
+        # the layer's rows as they are (fp32 / bf16, a column slice of its merged projection): the kernels read
+        # them as fp32
+        kvs = cs if cs.stride(-1) == 1 else cs.contiguous()
         hca_compress_store(
             cmp.pool,
             cmp.geom,
@@ -523,7 +525,7 @@ class KernelPath:
 
     def hca(self, meta: KernelMeta, q, kv, inputs: HCAInputs, layer) -> torch.Tensor:
         """Store the window kv, compress completed blocks, attend window + compressed entries + sink.
-        q [T, h, D] (normed, roped), kv [T, D], inputs.cs [T, 2D] fp32. Returns o [T, h, D] (rope slice still
+        q [T, h, D] (normed, roped), kv [T, D], inputs.cs [T, 2D]. Returns o [T, h, D] (rope slice still
         rotated: the layer applies the inverse RoPE): fp32, or FlashMLA's own bf16 output when one FlashMLA call
         serves every row (no fp32 copy: the layer's next step rounds o to its bf16 `wo_a` anyway)."""
         lid = layer.layer_id

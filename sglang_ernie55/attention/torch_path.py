@@ -370,7 +370,7 @@ class TorchPath:
             return self.hca.extend(
                 q,
                 kv,
-                inputs.cs,
+                inputs.cs.float(),
                 inputs.compressor,
                 inputs.sink,
                 layer.scaling,
@@ -399,7 +399,7 @@ class TorchPath:
             return self.hca.decode(
                 q,
                 kv,
-                inputs.cs,
+                inputs.cs.float(),
                 inputs.compressor,
                 inputs.sink,
                 layer.scaling,

@@ -14,6 +14,9 @@ from ._pool import check, check_pool, pool_args, pool_views
 from ._triton.hca_compress import hca_compress_kernel, hca_state_update_kernel
 from .layout import Geometry, KVLayout
 
+# dtypes of the compressor rows `kvs` the kernels read (as fp32)
+KVS_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
 
 def _check_ratio(ratio: int) -> None:
     check(
@@ -47,7 +50,9 @@ def hca_compress_store(
     from ``state``. Reference: `kernels_ref.hca_compress_jobs`.
 
     pool:   compressed pool, uint8 [pages, g.page_bytes]; g = hca_geometry(dtype, D, rope, page_size=page size // R).
-    kvs:    fp32 [N, 2D] wkv_gate output of the batch's new tokens ([values | scores]), flat over requests.
+    kvs:    [N, 2D] wkv_gate output of the batch's new tokens ([values | scores]), flat over requests: fp32,
+            bf16 or fp16 (read as fp32: the values the layer's fp32 upcast would give), rows may be strided
+            (a column slice of the layer's merged projection), last dim contiguous.
     state:  fp32 [req_slots, ring, 2D] (layout.hca_state_alloc), ring = R or 2R, last dim contiguous;
             block j's row t is read from ring row (R j) % ring + t.
     ape:    fp32 [R, D] contiguous: its rows give the compress ratio R; norm_w fp32 [D]; cos, sin fp32
@@ -65,8 +70,8 @@ def hca_compress_store(
     R = ape.shape[0]
     _check_ratio(R)
     check(
-        kvs.dim() == 2 and kvs.shape[1] == 2 * D and kvs.dtype == torch.float32 and kvs.stride(1) == 1,
-        f"kvs: fp32 [N, {2 * D}] with contiguous last dim, got {kvs.dtype} {tuple(kvs.shape)}",
+        kvs.dim() == 2 and kvs.shape[1] == 2 * D and kvs.dtype in KVS_DTYPES and kvs.stride(1) == 1,
+        f"kvs: fp32 / bf16 / fp16 [N, {2 * D}] with contiguous last dim, got {kvs.dtype} {tuple(kvs.shape)}",
     )
     check(
         state.dim() == 3
@@ -156,7 +161,8 @@ def hca_state_update(
     positions[i] >= ratio * (seq_lens[i] // ratio - blocks + 1) (ring = ratio: the open block; 2 * ratio: the
     open block and the one before it, which a rejected draft may need to recompute); req_slot -1 skips.
 
-    state fp32 [slots, ring, 2D], ring = ratio or 2 * ratio; kvs fp32 [N, 2D]; positions, req_slot, seq_lens
+    state fp32 [slots, ring, 2D], ring = ratio or 2 * ratio; kvs [N, 2D] as `hca_compress_store` takes it
+    (stored as fp32); positions, req_slot, seq_lens
     int [N] (per token: its position, its request's state slot, its request's sequence length after this
     batch); ratio: the layer's compress ratio (a divisor of the page size). Within one request the
     written positions span at most ``ring`` consecutive values (distinct rows)."""
@@ -168,8 +174,11 @@ def hca_state_update(
         f"state: [slots, {R} or {2 * R} (ring of 1 or 2 blocks), 2D], got {tuple(state.shape)}",
     )
     check(
-        kvs.shape == (N, state.shape[2]) and kvs.dtype == state.dtype == torch.float32 and kvs.stride(1) == 1,
-        f"kvs: fp32 [N, {state.shape[2]}]",
+        kvs.shape == (N, state.shape[2])
+        and kvs.dtype in KVS_DTYPES
+        and state.dtype == torch.float32
+        and kvs.stride(1) == 1,
+        f"kvs: fp32 / bf16 / fp16 [N, {state.shape[2]}] with contiguous last dim (state fp32)",
     )
     for n, t in (("positions", positions), ("req_slot", req_slot), ("seq_lens", seq_lens)):
         check(

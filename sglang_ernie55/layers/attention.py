@@ -185,7 +185,8 @@ class Ernie55HCAAttention(nn.Module):
         q = self.wq_b(norm_fp32(self.q_norm, q_a, x.dtype))[0].view(T, self.h, self.D)
         q = norm_rope_fp32(q, None, self.eps, rp, rope)  # weightless per-head norm (fp32, a new tensor)
         kv = norm_rope_fp32(kv_x, self.kv_norm.weight, self.kv_norm.variance_epsilon, rp, rope, self.kv_norm)
-        cs = cs.float().contiguous()  # the compressor's [values | scores] rows, fp32, as the backend stores them
+        # cs: the compressor's [values | scores] rows, handed over as x_proj's column slice (the backend reads
+        # them as fp32: no copy here)
         o = self.attn(q, kv, kv, forward_batch, ernie_inputs=HCAInputs(cs, self.compressor, self.attn_sink))
         o = o.view(T, self.h, self.D)
         wa = self.wo_a.weight.view(self.G, self.o_lora, self.h // self.G * self.D)

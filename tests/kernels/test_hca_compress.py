@@ -44,11 +44,14 @@ class _Harness:
     def cmp_slot(self, r, j):
         return r * self.max_blocks + j
 
-    def step(self, pre, end, kvs_list, twin: bool = True):
-        """One batch: request r's rows pre[r] .. end[r]-1 are kvs_list[r] (fp32 [end-pre, 2D]).
-        Returns the job list (as the twin's input) and the batch rows."""
+    def step(self, pre, end, kvs_list, twin: bool = True, form=None):
+        """One batch: request r's rows pre[r] .. end[r]-1 are kvs_list[r] (fp32 [end-pre, 2D]); `form` maps the
+        batch's rows to the tensor the kernels get (default: as they are). Returns the job list (as the twin's
+        input) and the batch rows."""
         B = len(pre)
         kvs = torch.cat(kvs_list).to(DEV)
+        if form is not None:
+            kvs = form(kvs)
         jobs = plan_compress_jobs(pre, end, self.req_slot, self.cmp_slot, device=DEV, ratio=self.ratio)
         # pad the job list with a no-op job (as a CUDA graph would)
         jobs = tuple(
@@ -141,6 +144,41 @@ def _run(kv, seq_lens, chunks, blocks=1, dim=512, rope=64, ratio=HCA_COMPRESS_RA
         step += 1
     for r, s in enumerate(seq_lens):
         assert h.check(r, kvs_all[r], s) < _tol(kv)
+
+
+def _column_slice(rows: torch.Tensor) -> torch.Tensor:
+    """rows as the HCA layer hands them over: a column slice of a wider tensor (its merged x_proj output)."""
+    n, w = rows.shape
+    wide = torch.randn(n, w + 96, device=rows.device).to(rows.dtype)
+    wide[:, 32 : 32 + w] = rows
+    return wide[:, 32 : 32 + w]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("kv", ["fp8", "bf16"])
+def test_hca_compress_reads_the_layers_column_slice(kv, dtype):
+    """kvs as the HCA layer hands it over (its own dtype, a column slice with a row stride wider than 2D): the
+    compressed pool's bytes and the state rows equal those of the same values given as contiguous fp32,
+    through chunked prefill, a block completed in a chunk and in a decode step, and open blocks."""
+    seq_lens, chunks, dim = [260, 129], [100, 100, 1], 128
+    B = len(seq_lens)
+    fp32, sliced = (_Harness(kv, B, max(seq_lens), 1, dim) for _ in range(2))
+    g = torch.Generator().manual_seed(3)
+    rows = [torch.randn(s, 2 * dim, generator=g).to(dtype) for s in seq_lens]
+    done, step = [0] * B, 0
+    while any(d < s for d, s in zip(done, seq_lens)):
+        n = chunks[min(step, len(chunks) - 1)]
+        pre = list(done)
+        end = [min(s, d + n) for d, s in zip(done, seq_lens)]
+        part = [rows[r][pre[r] : end[r]] for r in range(B)]
+        fp32.step(pre, end, part, twin=False, form=lambda x: x.float().contiguous())
+        sliced.step(pre, end, part, twin=False, form=_column_slice)
+        assert torch.equal(fp32.pool, sliced.pool), step
+        assert torch.equal(fp32.state.view(torch.int32), sliced.state.view(torch.int32)), step
+        done = end
+        step += 1
+    for r, s in enumerate(seq_lens):  # and the entries are the reference's
+        assert fp32.check(r, rows[r].float(), s) < _tol(kv)
 
 
 @pytest.mark.parametrize("blocks", [1, 2])

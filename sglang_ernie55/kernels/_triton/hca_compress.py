@@ -79,16 +79,17 @@ def hca_compress_kernel(
         # padded lanes (i >= HALF) read 0: weight 1 / RATIO each, value 0, so their entry is 0
         mn = cols(new[:, None], i, HALF, HALF_P)
         ms = cols((~new)[:, None], i, HALF, HALF_P)
-        c_e = tl.load(nrow + ce[None, :], mask=mn, other=0.0) + tl.load(
+        # new rows in the layer's dtype (fp32 / bf16 / fp16), read as fp32; state rows fp32
+        c_e = tl.load(nrow + ce[None, :], mask=mn, other=0.0).to(tl.float32) + tl.load(
             srow + ce[None, :], mask=ms, other=0.0
         )
-        c_o = tl.load(nrow + ce[None, :] + 1, mask=mn, other=0.0) + tl.load(
+        c_o = tl.load(nrow + ce[None, :] + 1, mask=mn, other=0.0).to(tl.float32) + tl.load(
             srow + ce[None, :] + 1, mask=ms, other=0.0
         )
-        s_e = tl.load(nrow + D + ce[None, :], mask=mn, other=0.0) + tl.load(
+        s_e = tl.load(nrow + D + ce[None, :], mask=mn, other=0.0).to(tl.float32) + tl.load(
             srow + D + ce[None, :], mask=ms, other=0.0
         )
-        s_o = tl.load(nrow + D + ce[None, :] + 1, mask=mn, other=0.0) + tl.load(
+        s_o = tl.load(nrow + D + ce[None, :] + 1, mask=mn, other=0.0).to(tl.float32) + tl.load(
             srow + D + ce[None, :] + 1, mask=ms, other=0.0
         )
         if HALF_P > HALF:
@@ -155,8 +156,8 @@ def hca_state_update_kernel(
         return
     c = tl.arange(0, W_P)
     if W_P > W:
-        v = tl.load(kvs_ptr + i * kvs_stride + c, mask=c < W)
+        v = tl.load(kvs_ptr + i * kvs_stride + c, mask=c < W).to(tl.float32)
         tl.store(state_ptr + rs * state_stride_r + (p % RING) * state_stride_t + c, v, mask=c < W)
     else:
-        v = tl.load(kvs_ptr + i * kvs_stride + c)
+        v = tl.load(kvs_ptr + i * kvs_stride + c).to(tl.float32)
         tl.store(state_ptr + rs * state_stride_r + (p % RING) * state_stride_t + c, v)
