@@ -123,10 +123,12 @@ def make_inputs(cfg, T: int, g: torch.Generator, device) -> dict:
     h, D, R, r = cfg.num_attention_heads, cfg.head_dim, cfg.kv_lora_rank, cfg.qk_rope_head_dim
     nI, dI = cfg.index_n_heads, cfg.index_head_dim
     rn = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
+    # the compressor rows as the HCA layer hands them over: bf16, a column slice of its merged x_proj output
+    wide = torch.cat([rn(T, 32), rn(T, D), 2 * rn(T, D), rn(T, 16)], 1).bfloat16()
     x = dict(
         q=_bf16(rn(T, h, D)),
         kv=rn(T, D),
-        cs=torch.cat([rn(T, D), 2 * rn(T, D)], 1),
+        cs=wide[:, 32 : 32 + 2 * D],
         mq=_bf16(rn(T, h, R + r)),
         kc=rn(T, R + r),
         iq=_bf16(rn(T, nI, dI)),
