@@ -123,8 +123,9 @@ def make_inputs(cfg, T: int, g: torch.Generator, device) -> dict:
     h, D, R, r = cfg.num_attention_heads, cfg.head_dim, cfg.kv_lora_rank, cfg.qk_rope_head_dim
     nI, dI = cfg.index_n_heads, cfg.index_head_dim
     rn = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
-    # the compressor rows as the HCA layer hands them over: bf16, a column slice of its merged x_proj output
-    wide = torch.cat([rn(T, 32), rn(T, D), 2 * rn(T, D), rn(T, 16)], 1).bfloat16()
+    # the compressor rows as the HCA layer hands them over: a column slice of its merged x_proj output (fp32
+    # here; tests/kernels/test_hca_compress.py checks that bf16 rows store what their fp32 values store)
+    wide = torch.cat([rn(T, 32), rn(T, D), 2 * rn(T, D), rn(T, 16)], 1)
     x = dict(
         q=_bf16(rn(T, h, D)),
         kv=rn(T, D),
