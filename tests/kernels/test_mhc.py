@@ -118,10 +118,14 @@ def _check_norm(T, n, H, out_dtype, weighted, R_dtype=torch.float32):
     rh = M.hc_head(R.float().cpu(), hfn.cpu(), hbase.cpu(), hscale[:1].cpu(), hc_eps=1e-6, rms_eps=1e-6)
     hwant = Fn.rms_norm(rh, None if w is None else w.cpu(), eps)
     for got, ref in ((x, want), (hx, hwant)):
+        # on the GPU the raw mix is a cuBLAS fp32 GEMM (another summation order; the site tests allow 2e-3 of
+        # scale): an element may move by that much of the row's largest before its rounding
+        floor = 0.0 if DEV == "cpu" else 2e-3 * float(ref.abs().max()) if ref.numel() else 0.0
         if out_dtype == torch.float32:
-            torch.testing.assert_close(got.cpu(), ref, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(got.cpu(), ref, rtol=1e-5, atol=1e-5 + floor)
         else:
-            torch.testing.assert_close(got.cpu().float(), ref.to(out_dtype).float(), rtol=2**-7, atol=1e-6)
+            want_q = ref.to(out_dtype).float()
+            torch.testing.assert_close(got.cpu().float(), want_q, rtol=2**-7, atol=1e-6 + floor)
 
 
 @pytest.mark.parametrize("T", [0, 1, 19])
