@@ -1,9 +1,9 @@
 """Offline resource report of the sparse attention split kernel: compile it for sm_90 (Hopper) on a
 machine without a GPU and print registers, spills and whether Hopper's wgmma is used, for serving's default
 launch (the first rows: no tuning arguments passed, as serving calls it) and for other head-dim chunks
-(block_d) and launch configs. `--fused`: the one-launch kernels (decode metadata, indexer top-k, RMSNorm + RoPE, the mHC tail with its sub-layer norm)
-at serving shapes instead, exit 1 when one does not compile (the interpreter runs some code the compiler
-refuses).
+(block_d) and launch configs. `--fused`: the one-launch kernels (decode metadata, indexer top-k, RMSNorm +
+RoPE, the mHC tail with its sub-layer norm) at serving shapes instead, exit 1 when one does not compile (the
+interpreter runs some code the compiler refuses).
 
 The exact specialisations serving launches are captured, not retyped: `sparse_mqa_attention` is called on
 CPU tensors of the serving shapes (64 heads; HCA window 128 + 1024 compressed entries with a sink; MLA-DSA
@@ -129,7 +129,7 @@ def fused_launches():
     (window 128, ratio 128, 256-token pages, context 32K; with and without the SWA window mapping, 1 and 3 rows
     per request), the indexer top-k (64 rows over 32K keys, top-2048; cache slots and positions; each of its
     launch configurations), the RMSNorm with and without the fused RoPE of the tail (the HCA q and kv), and the
-mHC site's tail with and without the sub-layer RMSNorm (full width, 64 tokens)."""
+    mHC site's tail with and without the sub-layer RMSNorm (full width, 64 tokens)."""
     from types import SimpleNamespace
 
     from sglang_ernie55.attention import kernel_path as kp
@@ -179,7 +179,8 @@ mHC site's tail with and without the sub-layer RMSNorm (full width, 64 tokens)."
         )
     from sglang_ernie55.kernels import mhc as MH
 
-    n, H = 4, 4096  # the mHC site's tail: plain (y fp32), with the sub-layer norm (bf16 out), hc_head + final norm
+    # the mHC site's tail: plain (y fp32), with the sub-layer norm (bf16 out), hc_head + the final norm
+    n, H = 4, 4096
     R, kw = torch.randn(T, n, H), dict(hc_eps=1e-6, rms_eps=1e-6)
     fn, base, scale = torch.randn((2 + n) * n, n * H), torch.randn((2 + n) * n), torch.rand(3)
     norm = MH.SublayerNorm(torch.randn(H), 1e-6, torch.bfloat16)

@@ -538,17 +538,17 @@ class KernelPath:
         qb = q.to(self.query_dtype).contiguous()
         sink = inputs.sink.float().contiguous()
         flashmla = LAYER_HCA in self.flashmla
-        if flashmla and T <= ATTN_ROWS:
-            main = Scope(win.pool, win.geom, meta.win_idx, meta.win_len)
-            extra = Scope(cmp.pool, cmp.geom, meta.cmp_idx, meta.cmp_len)
-            return _flashmla(meta, ("hca", 0), qb, main, extra, layer.scaling, D, sink)
-        out = torch.empty(T, h, D, dtype=torch.float32, device=q.device)
+        single = flashmla and T <= ATTN_ROWS
+        out = None if single else torch.empty(T, h, D, dtype=torch.float32, device=q.device)
         for ci, t0 in enumerate(range(0, T, ATTN_ROWS)):
             t1 = min(T, t0 + ATTN_ROWS)
             main = Scope(win.pool, win.geom, meta.win_idx[t0:t1], meta.win_len[t0:t1])
             extra = Scope(cmp.pool, cmp.geom, meta.cmp_idx[t0:t1], meta.cmp_len[t0:t1])
             if flashmla:
-                out[t0:t1] = _flashmla(meta, ("hca", ci), qb[t0:t1], main, extra, layer.scaling, D, sink)
+                o = _flashmla(meta, ("hca", ci), qb[t0:t1], main, extra, layer.scaling, D, sink)
+                if single:
+                    return o
+                out[t0:t1] = o
             else:
                 sparse_mqa_attention(
                     qb[t0:t1],

@@ -14,6 +14,7 @@ import triton
 
 from ._pool import check
 from ._triton.mhc import hc_post_kernel, hc_pre_tail_kernel
+from .norm import MAX_WIDTH
 
 
 def _check_R(R: torch.Tensor, name: str = "R") -> tuple[int, int, int]:
@@ -43,10 +44,6 @@ def _raw_mix(R: torch.Tensor, fn: torch.Tensor) -> torch.Tensor:
     return R.reshape(T, n * H).float() @ fn.t()
 
 
-# Widest row the fused sub-layer norm holds in one tile (kernels.norm's limit)
-NORM_MAX_WIDTH = 16384
-
-
 @dataclasses.dataclass(frozen=True)
 class SublayerNorm:
     """The RMSNorm that follows an mHC site (the sub-layer's input norm, or the final norm after hc_head), done
@@ -60,7 +57,8 @@ class SublayerNorm:
 def _check_norm(norm: SublayerNorm | None, H: int) -> None:
     if norm is None:
         return
-    check(H <= NORM_MAX_WIDTH, f"fused sub-layer norm: row width {H} > {NORM_MAX_WIDTH}")
+    # the whole row in one tile, as kernels.norm holds it
+    check(H <= MAX_WIDTH, f"fused sub-layer norm: row width {H} > {MAX_WIDTH}")
     check(
         norm.out_dtype in (torch.float32, torch.bfloat16, torch.float16),
         f"fused sub-layer norm: float out_dtype, got {norm.out_dtype}",
