@@ -35,7 +35,10 @@ def silu_and_mul(gu: torch.Tensor) -> torch.Tensor:
         from sgl_kernel import silu_and_mul as fused
 
         out = torch.empty(gu.shape[:-1] + (d,), dtype=gu.dtype, device=gu.device)
-        fused(gu, out)
+        # no rows (an idle rank's step): the kernel would launch an empty grid, an invalid launch that the next
+        # checked CUDA call reports
+        if out.numel():
+            fused(gu, out)
         return out
     return F.silu(gu[..., :d]) * gu[..., d:]
 

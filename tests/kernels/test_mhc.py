@@ -99,7 +99,8 @@ def _check_norm(T, n, H, out_dtype, weighted, R_dtype=torch.float32):
     """hc_pre / hc_head with the sub-layer norm in the tail launch vs the reference's site then its RMSNorm:
     fp32 out to 1e-5 (the norm's fp32 sum order differs from the norm kernel's), bf16 out within one bf16 ulp of
     the reference rounded to bf16 (round to nearest on the GPU; the CPU interpreter truncates); post and C equal
-    the unfused call's bit for bit."""
+    the unfused call's bit for bit in the interpreter, and to fp32 rounding on the GPU (a whole-row tile takes
+    more warps, so the rms sum of the mix is reduced in another order)."""
     g = torch.Generator().manual_seed(T * 1000 + H + n)
     R = torch.randn(T, n, H, generator=g).to(DEV, R_dtype)
     fn, base, scale = _params(n, H, (2 + n) * n)
@@ -110,7 +111,11 @@ def _check_norm(T, n, H, out_dtype, weighted, R_dtype=torch.float32):
     x, post, C = K.hc_pre(R, fn, base, scale, norm=norm, **kw)
     _, post0, C0 = K.hc_pre(R, fn, base, scale, **kw)
     assert x.shape == (T, H) and x.dtype == out_dtype
-    assert torch.equal(post, post0) and torch.equal(C, C0)
+    if DEV == "cpu":
+        assert torch.equal(post, post0) and torch.equal(C, C0)
+    else:
+        torch.testing.assert_close(post, post0, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(C, C0, rtol=1e-5, atol=1e-6)
     ry, _, _ = M.hc_pre(R.float().cpu(), fn.cpu(), base.cpu(), scale.cpu(), **kw)
     want = Fn.rms_norm(ry, None if w is None else w.cpu(), eps)
     hfn, hbase, hscale = _params(n, H, n)
