@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib.util
 import json
 import os
 import subprocess
@@ -312,6 +313,23 @@ def tokenizer_dir(ckpt: Path, out: Path) -> Path:
     return d
 
 
+def client_env(out: Path) -> dict:
+    """The client's environment. SGLang's load generator imports Hugging Face `datasets` at start-up for its
+    dataset workloads (SGLang depends on it); where it is missing, as in a trimmed runtime, a stand-in module
+    that refuses those workloads lets the random ones run, which read no dataset."""
+    env = dict(os.environ)
+    if importlib.util.find_spec("datasets") is not None:
+        return env
+    shim = out / "client-shim" / "datasets"
+    shim.mkdir(parents=True, exist_ok=True)
+    (shim / "__init__.py").write_text(
+        "def load_dataset(*args, **kwargs):\n"
+        "    raise RuntimeError('Hugging Face datasets is not installed: only the random workloads run here')\n"
+    )
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(shim.parent), env.get("PYTHONPATH", "")) if p)
+    return env
+
+
 def run_client(url: str, ckpt: Path, run: dict, out: Path, tag: str) -> dict:
     """One `sglang.benchmark.serving` run; its JSONL line, reduced to KEEP."""
     res_file = out / f"client-{tag}.jsonl"
@@ -323,7 +341,7 @@ def run_client(url: str, ckpt: Path, run: dict, out: Path, tag: str) -> dict:
     with open(out / f"client-{tag}.log", "w") as log:
         log.write(" ".join(cmd) + "\n")
         log.flush()
-        proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=3600)
+        proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=3600, env=client_env(out))
     text = res_file.read_text() if res_file.exists() else ""
     if proc.returncode != 0 or not text.strip():
         tail = (out / f"client-{tag}.log").read_text(errors="replace").splitlines()[-15:]
