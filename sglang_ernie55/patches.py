@@ -87,6 +87,7 @@ _BASE_BACKEND = "sglang.srt.layers.attention.base_attn_backend:AttentionBackend"
 _POOL_CONF = "sglang.srt.model_executor.pool_configurator"
 _ASSEMBLER = "sglang.srt.mem_cache.hybrid_cache.hybrid_pool_assembler"
 _MOE_CONFIG = "sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe_triton_config"
+_FP8_GEMM = "sglang.kernels.ops.gemm.fp8_kernel"
 _DISAGG_UTILS = "sglang.srt.disaggregation.utils"
 _PD_UNTIL = "when PD asks the pool for its transfer layout instead of testing its class"
 
@@ -258,6 +259,16 @@ LEDGER: tuple[Patch, ...] = (
         "SGLang reads fused-MoE Triton kernel configs only from its own folder (or one `SGLANG_MOE_CONFIG_DIR` "
         "that replaces it), where ERNIE-5.5's expert shapes have none; its file names omit the hidden size and "
         "top-k, so a same-named file there may be tuned for another model's geometry",
+        "when SGLang searches a list of config folders that a plugin can add to",
+    ),
+    Patch(
+        f"{_FP8_GEMM}:get_w8a8_block_fp8_configs",
+        Kind.AROUND,
+        "sglang_ernie55.kernels.fp8_linear_configs:around_get_w8a8_block_fp8_configs",
+        ("N", "K", "block_n", "block_k"),
+        "SGLang reads block-FP8 GEMM Triton configs only from its own package folder, where ERNIE-5.5's Linear "
+        "shapes have none, and then runs one default tile at every batch size (at one decode row an N of 2048 is "
+        "16 programs on a 132-SM GPU)",
         "when SGLang searches a list of config folders that a plugin can add to",
     ),
     Patch(
@@ -593,6 +604,13 @@ LEDGER: tuple[Patch, ...] = (
         (f"{_MOE_CONFIG}:get_exec", ()),
         ("sglang.srt.runtime_context:process_model_config", ()),
         ("sglang.kernels.ops.moe.fused_moe_triton_kernels:fused_moe_kernel", None),
+    ),
+    *_reads(
+        "sglang_ernie55.kernels.fp8_linear_configs",
+        "the device name SGLang's block-FP8 GEMM names its files with, and the kernels a file's entries configure",
+        (f"{_FP8_GEMM}:get_device_name", ()),
+        (f"{_FP8_GEMM}:_w8a8_block_fp8_matmul", None),
+        (f"{_FP8_GEMM}:_w8a8_block_fp8_matmul_hopper", None),
     ),
     *_reads(
         "sglang_ernie55.models",

@@ -228,6 +228,8 @@ def test_wheel_ships_the_config_files(tmp_path):
     )
     folder = src / "sglang_ernie55" / "kernels" / "moe_configs" / "triton_3_6_0"
     write(folder, FP8_TP1, marked(1))
+    linear = "N=2048,K=4096,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128, 128].json"
+    write(src / "sglang_ernie55" / "kernels" / "fp8_linear_configs" / "triton_3_6_0", linear, marked(1))
     shipped = [
         f"sglang_ernie55/kernels/moe_configs/{p.parent.name}/{p.name}" for p in moe_configs.shipped_files()
     ]
@@ -252,6 +254,7 @@ def test_wheel_ships_the_config_files(tmp_path):
     names = set(zipfile.ZipFile(wheel).namelist())
     assert f"sglang_ernie55/kernels/moe_configs/triton_3_6_0/{FP8_TP1}" in names
     assert "sglang_ernie55/kernels/moe_configs/__init__.py" in names
+    assert f"sglang_ernie55/kernels/fp8_linear_configs/triton_3_6_0/{linear}" in names
     assert set(shipped) <= names
 
 

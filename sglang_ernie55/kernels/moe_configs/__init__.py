@@ -39,23 +39,26 @@ def version_dir(triton_version: str) -> str:
     return "triton_" + triton_version.replace(".", "_")
 
 
-def version_dirs() -> list[Path]:
-    """The `triton_<version>` folders here, newest version first."""
+def version_dirs(root: Path | None = None) -> list[Path]:
+    """The `triton_<version>` folders of `root` (default: this folder), newest version first."""
+    root = CONFIG_DIR if root is None else root
     found = [
         (tuple(int(x) for x in m.group(1).split("_")), p)
-        for p in CONFIG_DIR.iterdir()
+        for p in root.iterdir()
         if p.is_dir() and (m := _VERSION_DIR.fullmatch(p.name))
     ]
     return [p for _, p in sorted(found, reverse=True)]
 
 
-def find(file_name: str, triton_version: str) -> Path | None:
-    """The file of that name here: in the running Triton's folder, else in the newest other version's (a
-    config tuned under another Triton is still a valid launch, and was tuned for this geometry)."""
-    exact = CONFIG_DIR / version_dir(triton_version) / file_name
+def find(file_name: str, triton_version: str, root: Path | None = None) -> Path | None:
+    """The file of that name under `root` (default: this folder): in the running Triton's folder, else in the
+    newest other version's (a config tuned under another Triton is still a valid launch, and was tuned for
+    this geometry)."""
+    root = CONFIG_DIR if root is None else root
+    exact = root / version_dir(triton_version) / file_name
     if exact.is_file():
         return exact
-    for folder in version_dirs():
+    for folder in version_dirs(root):
         if (folder / file_name).is_file():
             return folder / file_name
     return None
@@ -177,6 +180,6 @@ def check_file(path: Path) -> list[str]:
     return problems
 
 
-def shipped_files() -> list[Path]:
-    """Every config file of this folder."""
-    return sorted(p for folder in version_dirs() for p in folder.glob("*.json"))
+def shipped_files(root: Path | None = None) -> list[Path]:
+    """Every config file of `root` (default: this folder)."""
+    return sorted(p for folder in version_dirs(root) for p in folder.glob("*.json"))
