@@ -16,16 +16,24 @@ the baseline and the winner are timed again one after the other with nothing els
 numbers; the faster is kept). Triton compiles run ahead in worker processes (`--workers`, compile only: the
 kernel launch is turned into Triton's warmup, into Triton's on-disk cache) while the main process times.
 
-    python3 benchmarks/tune_fused_moe.py tune --out $OUT [--budget-s 420]    # GPU; one command, <= budget
+With `--kernel linear` the same search tunes SGLang's Triton block-FP8 GEMM (`w8a8_block_fp8_matmul_triton`,
+what serves the block-FP8 Linears where DeepGEMM does not load) for the one-GPU server's Linear weights [N, K]:
+the candidates add SGLang's SM90 split-K and swap-AB variants at small M, each call reads its own copy of the
+weight (past the L2 cache), and the files go to sglang_ernie55/kernels/fp8_linear_configs/ under SGLang's names.
+
+    python3 benchmarks/tune_fused_moe.py tune --out $OUT [--budget-s 420] [--kernel linear] [--shapes 0,1]
+                                                                                # GPU; one command, <= budget
     python3 benchmarks/tune_fused_moe.py install PATH/tune_fused_moe.json    # here: writes the package's files
-    python3 benchmarks/tune_fused_moe.py plan [--device-name "NVIDIA H200"]  # anywhere: shapes, files, sizes
+    python3 benchmarks/tune_fused_moe.py plan [--device-name "NVIDIA H200"] [--kernel linear]
+                                                                                # anywhere: shapes, files, sizes
 
 `tune` writes three plainly named files into --out (SGLang's file names hold '=', ',', ' ' and brackets):
 tune_fused_moe.json (every shape, M, time and config; what `install` reads), moe_configs.tar (the files of
 the complete shapes in SGLang's names under triton_<version>/) and tune_fused_moe.log (progress and the
-tables). A shape whose M list did not finish in the budget is marked incomplete and not installed.
-`install` writes sglang_ernie55/kernels/moe_configs/triton_<version>/<SGLang's file name>.json and checks
-each file with `moe_configs.check_file`.
+tables); for `--kernel linear` tune_fp8_linear.json, fp8_linear_configs.tar and tune_fp8_linear.log. A
+shape whose M list did not finish in the budget is marked incomplete and not installed.
+`install` writes sglang_ernie55/kernels/moe_configs/ (or fp8_linear_configs/, as the bundle says)
+triton_<version>/<SGLang's file name>.json and checks each file with that folder's `check_file`.
 """
 
 from __future__ import annotations
@@ -94,6 +102,10 @@ class Shape:
         return f"{self.precision} E={self.E} N={self.N} (TP {self.tp}" + (
             f", EP {self.ep})" if self.ep > 1 else ")"
         )
+
+    @property
+    def describe(self) -> str:
+        return f"{self.label} top-{self.topk} K={self.K}"
 
     def file_name(self, device_name: str) -> str:
         """SGLang's own file name for this shape on `device_name` (its `get_config_file_name`)."""
@@ -220,7 +232,8 @@ def init_sglang() -> None:
     os.environ.update(
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0"
     )
-    torch.cuda.set_device(0)
+    if torch.cuda.is_available():  # `plan` builds the model on the meta device anywhere
+        torch.cuda.set_device(0)
     if not torch.distributed.is_initialized():
         init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo")
     if not model_parallel_is_initialized():
@@ -334,36 +347,242 @@ def sglang_pick(shape: Shape, M: int) -> tuple[dict, str]:
     return dict(cfg), ("SGLang file" if from_file else "SGLang default")
 
 
+# ------------------------------------------------------------------------------------------- block-FP8 Linears
+@dataclass
+class LinearShape:
+    """One block-FP8 Linear weight [N, K] (128 x 128 blocks) of the one-GPU server, as SGLang's Triton GEMM
+    (`w8a8_block_fp8_matmul_triton`) sees it: merged Linears are one weight."""
+
+    N: int
+    K: int
+    tp: int = 1
+    used_by: list[str] = field(default_factory=list)
+    precision: str = "fp8"
+
+    @property
+    def label(self) -> str:
+        return f"fp8 linear N={self.N} K={self.K} (TP {self.tp})"
+
+    @property
+    def describe(self) -> str:
+        return self.label
+
+    def file_name(self, device_name: str) -> str:
+        from sglang_ernie55.kernels import fp8_linear_configs
+
+        return fp8_linear_configs.file_name(self.N, self.K, device_name, tuple(FP8_BLOCK))
+
+    def weight_bytes(self) -> int:
+        return self.N * self.K
+
+
+def linear_shapes(device_name: str) -> list[LinearShape]:
+    """The block-FP8 Linears of the one-GPU server, each (N, K) once, largest weight bytes per decode step of the
+    43-layer model first: the full-width model of four layers (dense FFN, MLA-DSA, HCA, MoE: every kind the
+    43-layer model has, at its widths) built on the meta device with SGLang's Fp8Config, each Linear SGLang's
+    Fp8LinearMethod serves, weighed by how many of the full model's layers hold it. Hardware cells shard these
+    over TP; their per-rank shapes are not tuned here."""
+    import torch
+    from sglang.srt.layers.quantization.fp8 import Fp8Config, Fp8LinearMethod
+
+    from sglang_ernie55.checkpoint.tiny import preset_config
+    from sglang_ernie55.configuration import Ernie55Config
+    from sglang_ernie55.models.ernie55 import Ernie5_5_MoeForCausalLM
+
+    init_sglang()
+    cfg, full = preset_config("full-width", 4), Ernie55Config()
+
+    def role(layer: int, path: str) -> tuple[str, int]:
+        """("attention <kind>" | "FFN <dense/moe>", layers of the full model holding it)."""
+        if path.startswith("self_attn."):
+            kind = cfg.layer_types[layer]
+            return f"{kind} attention", sum(k == kind for k in full.layer_types)
+        moe = cfg.is_moe_layer(layer)
+        n = sum(full.is_moe_layer(i) == moe for i in range(full.num_hidden_layers))
+        return ("MoE" if moe else "dense") + " FFN", n
+
+    qc = Fp8Config(
+        is_checkpoint_fp8_serialized=True, activation_scheme="dynamic", weight_block_size=FP8_BLOCK
+    )
+    with torch.device("meta"):
+        model = Ernie5_5_MoeForCausalLM(cfg, qc)
+    out: dict[tuple, LinearShape] = {}
+    layers: dict[tuple, int] = {}
+    for name, mod in model.named_modules():
+        if not isinstance(getattr(mod, "quant_method", None), Fp8LinearMethod):
+            continue
+        N, K = mod.weight.shape
+        parts = name.split(".", 3)  # model, layers, <i>, <path>
+        where, n = role(int(parts[2]), parts[3])
+        who = f"{where} {parts[3]}"
+        shape = out.setdefault((N, K), LinearShape(N, K))
+        if who not in shape.used_by:
+            shape.used_by.append(who)
+            layers[(N, K)] = layers.get((N, K), 0) + n
+    del model
+    return sorted(out.values(), key=lambda s: -s.weight_bytes() * layers[(s.N, s.K)])
+
+
+def linear_candidates(shape: LinearShape, M: int) -> list[dict]:
+    """Stage-1 configs for one M (GROUP_SIZE_M = 1; refined later): row tiles up to the next power of two of M
+    (16 at least), column tiles 32-128, K tiles of one quantisation block; at M <= 64 also SGLang's SM90 kernel
+    with K split 2-16 ways (each split at least two K tiles) and with A and B swapped, which is how a GEMM of a
+    few rows fills the GPU; shared memory within bounds."""
+    cap = max(16, min(128, 2 ** math.ceil(math.log2(max(M, 1)))))
+    bk = FP8_BLOCK[1]
+    k_tiles = -(-shape.K // bk)
+    variants: list[dict] = [{}]
+    if M <= 64:
+        splits = [s for s in (2, 4, 8, 16) if k_tiles // s >= 2]
+        variants += [{"SPLIT_K": s} for s in splits]
+        variants += [{"SWAP_AB": True, "SPLIT_K": s} for s in [1, *splits]]
+    out = []
+    for bm in (16, 32, 64, 128):
+        if bm > cap:
+            continue
+        for bn in (32, 64, 128):
+            for w in (4, 8) if bm * bn >= 8192 else (4,):
+                for st in (3, 4, 5) if bm <= 32 else (2, 3, 4):
+                    if smem(bm, bn, bk, 1, st) > SMEM_BYTES:
+                        continue
+                    for v in variants:
+                        cfg = dict(
+                            BLOCK_SIZE_M=bm,
+                            BLOCK_SIZE_N=bn,
+                            BLOCK_SIZE_K=bk,
+                            GROUP_SIZE_M=1,
+                            num_warps=w,
+                            num_stages=st,
+                        )
+                        cfg.update({k: x for k, x in v.items() if not (k == "SPLIT_K" and x == 1)})
+                        out.append(cfg)
+    return out
+
+
+class LinearProblem:
+    """Random FP8 activations with their per-token-group scales and enough copies of a random block-FP8 weight
+    that a graph of GRAPH_CALLS calls reads past the L2 cache; `call(cfg, M, r)` runs SGLang's Triton
+    block-FP8 GEMM on copy r with its config lookup answering `cfg` (SGLang's tuner does the same)."""
+
+    L2_PAST = 256 * 2**20  # bytes of weight copies read per graph: several times an H100 / H200 L2
+
+    def __init__(self, shape: LinearShape, batch_sizes, meta_weights: bool = False, seed: int = 0):
+        import torch
+
+        dev = "meta" if meta_weights else "cuda"
+        N, K = shape.N, shape.K
+        bn, bk = FP8_BLOCK
+        self.shape = shape
+        copies = max(2, min(GRAPH_CALLS, -(-self.L2_PAST // shape.weight_bytes())))
+        Mx = max(batch_sizes)
+        if meta_weights:
+            self.B = [torch.empty(N, K, dtype=torch.float8_e4m3fn, device=dev)] * copies
+            self.Bs = [torch.empty(-(-N // bn), -(-K // bk), device=dev)] * copies
+            self.A = torch.empty(Mx, K, dtype=torch.float8_e4m3fn, device=dev)
+            self.As = torch.empty(Mx, -(-K // bk), device=dev)
+        else:
+            g = torch.Generator(device=dev).manual_seed(seed)
+            self.B = [Problem._rand((N, K), K, True, g) for _ in range(copies)]
+            self.Bs = [
+                torch.rand(-(-N // bn), -(-K // bk), device=dev, generator=g) + 0.5 for _ in range(copies)
+            ]
+            self.A = torch.randn(Mx, K, device=dev, generator=g).mul_(64).to(torch.float8_e4m3fn)
+            self.As = torch.rand(Mx, -(-K // bk), device=dev, generator=g) * 1e-2
+
+    def call(self, cfg, M: int, r: int = 0):
+        import torch
+        from sglang.kernels.ops.gemm import fp8_kernel
+
+        i = r % len(self.B)
+        with mock.patch.object(fp8_kernel, "get_w8a8_block_fp8_configs", lambda *a: {M: cfg}):
+            return fp8_kernel.w8a8_block_fp8_matmul_triton(
+                self.A[:M], self.B[i], self.As[:M], self.Bs[i], FP8_BLOCK, torch.bfloat16
+            )
+
+    def free(self) -> None:
+        self.A = self.As = self.B = self.Bs = None
+
+
+_LINEAR_KEYS = (
+    "BLOCK_SIZE_M",
+    "BLOCK_SIZE_N",
+    "BLOCK_SIZE_K",
+    "GROUP_SIZE_M",
+    "num_warps",
+    "num_stages",
+    "SPLIT_K",
+    "SWAP_AB",
+)
+
+
+def linear_pick(shape: LinearShape, M: int) -> tuple[dict, str]:
+    """The config SGLang 0.5.23's Triton block-FP8 GEMM launches for this shape and M on its own (its own
+    `get_w8a8_block_fp8_configs`, whatever a plugin hooked): read off one launch whose kernel only records its
+    keyword arguments."""
+    import torch
+    from sglang.kernels.ops.gemm import fp8_kernel
+
+    own = fp8_kernel.get_w8a8_block_fp8_configs
+    while not hasattr(own, "cache_info") and hasattr(own, "__wrapped__"):
+        own = own.__wrapped__
+    seen: list[dict] = []
+
+    class Record:
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: seen.append(kwargs)
+
+    bn, bk = FP8_BLOCK
+    N, K = shape.N, shape.K
+    a = torch.empty(M, K, dtype=torch.float8_e4m3fn, device="meta")
+    b = torch.empty(N, K, dtype=torch.float8_e4m3fn, device="meta")
+    with (
+        mock.patch.object(fp8_kernel, "get_w8a8_block_fp8_configs", own),
+        mock.patch.object(fp8_kernel, "_w8a8_block_fp8_matmul", Record()),
+        mock.patch.object(fp8_kernel, "_w8a8_block_fp8_matmul_hopper", Record()),
+        mock.patch.object(fp8_kernel, "select_w8a8_block_fp8_matmul_kernel", lambda *x: Record()),
+        mock.patch.object(fp8_kernel, "_reduce_block_fp8_split_k", Record()),
+    ):
+        fp8_kernel.w8a8_block_fp8_matmul_triton(
+            a,
+            b,
+            torch.empty(M, -(-K // bk), device="meta"),
+            torch.empty(-(-N // bn), -(-K // bk), device="meta"),
+            FP8_BLOCK,
+            torch.bfloat16,
+        )
+        from_file = own(N, K, bn, bk) is not None
+    cfg = {k: seen[0][k] for k in _LINEAR_KEYS if k in seen[0]}
+    return cfg, ("SGLang file" if from_file else "SGLang default")
+
+
 # ------------------------------------------------------------------------------------------- compile workers
 _W: dict = {}
 
 
-def _worker_init() -> None:
-    """Each worker: its own CUDA and SGLang context; SGLang's fused_moe_kernel compiles into Triton's on-disk
-    cache (which the main process then loads from) but never launches, so no weights are needed (meta
-    tensors carry their shapes and strides) and the GPU stays free for the timings."""
+def _worker_init(kernel_name: str) -> None:
+    """Each worker: its own CUDA and SGLang context; SGLang's Triton kernels of `kernel_name` compile into
+    Triton's on-disk cache (which the main process then loads from) but never launch, so no weights are needed
+    (meta tensors carry their shapes and strides) and the GPU stays free for the timings."""
     import warnings
 
     warnings.filterwarnings("ignore")
     init_sglang()
-    from sglang.kernels.ops.moe import fused_moe_triton_kernels as fk
+    for kernel in KERNELS[kernel_name].triton_kernels():
+        run = kernel.run
 
-    kernel = fk.fused_moe_kernel
-    run = kernel.run
+        def compile_only(*args, _run=run, **kwargs):  # `kernel[grid](...)` calls `run(..., warmup=False)`
+            kwargs["warmup"] = True
+            return _run(*args, **kwargs)
 
-    def compile_only(*args, **kwargs):  # `kernel[grid](...)` calls `run(..., grid=grid, warmup=False)`
-        kwargs["warmup"] = True
-        return run(*args, **kwargs)
-
-    kernel.run = compile_only
+        kernel.run = compile_only
 
 
-def _worker_compile(shape: Shape, cfg: dict, batch_sizes: list[int]) -> str | None:
+def _worker_compile(kernel_name: str, shape, cfg: dict, batch_sizes: list[int]) -> str | None:
     """Run `cfg` once at every M (every specialisation SGLang's launches ask for gets compiled); the first
     error, or None."""
-    key = (shape.precision, shape.E, shape.N)
+    key = (kernel_name, shape.label)
     if _W.get("key") != key:
-        _W.update(key=key, problem=Problem(shape, batch_sizes, meta_weights=True))
+        _W.update(key=key, problem=KERNELS[kernel_name].problem(shape, batch_sizes, meta_weights=True))
     for M in batch_sizes:
         try:
             _W["problem"].call(cfg, M)
@@ -377,7 +596,8 @@ class Compiler:
     one (MAX_COMPILE_WAIT_S at most). Without workers, or when a job failed or is late, the main process
     compiles on first use."""
 
-    def __init__(self, workers: int):
+    def __init__(self, workers: int, kernel_name: str = "moe"):
+        self.kernel_name = kernel_name
         self.pool = None
         self.broken = False
         self.reported: set = set()
@@ -386,13 +606,13 @@ class Compiler:
             import multiprocessing as mp
 
             self.pool = futures.ProcessPoolExecutor(
-                workers, mp_context=mp.get_context("spawn"), initializer=_worker_init
+                workers, mp_context=mp.get_context("spawn"), initializer=_worker_init, initargs=(kernel_name,)
             )
 
-    def submit(self, i: int, shape: Shape, cfg: dict, batch_sizes: list[int]) -> None:
+    def submit(self, i: int, shape, cfg: dict, batch_sizes: list[int]) -> None:
         key = (i, cfg_key(cfg))
         if self.pool is not None and key not in self.jobs:
-            self.jobs[key] = self.pool.submit(_worker_compile, shape, cfg, batch_sizes)
+            self.jobs[key] = self.pool.submit(_worker_compile, self.kernel_name, shape, cfg, batch_sizes)
 
     def ready(self, i: int, cfg: dict, deadline: float) -> None:
         job = self.jobs.get((i, cfg_key(cfg)))
@@ -429,8 +649,9 @@ class Compiler:
 
 
 # ------------------------------------------------------------------------------------------- timing
-def time_config(problem: Problem, cfg: dict, M: int, best_us: float | None) -> float | None:
-    """us per fused_experts call: median over replays of a graph of GRAPH_CALLS calls (different routing each);
+def time_config(problem, cfg: dict, M: int, best_us: float | None) -> float | None:
+    """us per call: median over replays of a graph of GRAPH_CALLS calls (each with its own routing, or its own
+    weight copy);
     None when the config does not run. A config 3x slower than the best so far is replayed once."""
     import torch
 
@@ -499,8 +720,11 @@ class ShapeTuner:
     """One shape's rows: stage 1 (`candidates` + SGLang's pick per M), GROUP_SIZE_M refinement, and a last
     clean timing of SGLang's pick against the winner (no compile workers running then)."""
 
-    def __init__(self, i: int, shape: Shape, batch_sizes: list[int], compiler: Compiler):
+    def __init__(
+        self, i: int, shape, batch_sizes: list[int], compiler: Compiler, kernel: Kernel | None = None
+    ):
         self.i, self.shape, self.batch_sizes, self.compiler = i, shape, batch_sizes, compiler
+        self.kernel = kernel or KERNELS["moe"]
         self.rows: list[Row] = []
         self.failed: set = set()
         self.complete = False
@@ -517,18 +741,18 @@ class ShapeTuner:
     def stage1(self, deadline: float) -> None:
         import torch
 
-        problem = Problem(self.shape, self.batch_sizes)
+        problem = self.kernel.problem(self.shape, self.batch_sizes)
         label = self.shape.label
         try:
             for M in self.batch_sizes:
                 if time.perf_counter() > deadline:
                     log(f"  {label}: out of time before M={M}")
                     return
-                base_cfg, source = sglang_pick(self.shape, M)
+                base_cfg, source = self.kernel.pick(self.shape, M)
                 base_us = self._time(problem, base_cfg, M, None, deadline)
                 row = Row(M, base_us, source, base_cfg)
                 best = base_us
-                cands = candidates(self.shape, M)
+                cands = self.kernel.candidates(self.shape, M)
                 # those already compiled first; the rest as the workers finish them
                 for cfg in sorted(cands, key=lambda c: not self.compiler.done(self.i, c)):
                     us = self._time(problem, cfg, M, best, deadline)
@@ -552,7 +776,7 @@ class ShapeTuner:
             del problem
             torch.cuda.empty_cache()
 
-    def _pick(self, problem: Problem, row: Row) -> None:
+    def _pick(self, problem, row: Row) -> None:
         """The fastest timed config whose output matches SGLang's pick's (same math, another order)."""
         ref = problem.call(row.baseline_config, row.M).clone()
         row.tuned_us = row.tuned_config = None
@@ -587,7 +811,7 @@ class ShapeTuner:
 
         if not self.rows:
             return
-        problem = Problem(self.shape, [r.M for r in self.rows])
+        problem = self.kernel.problem(self.shape, [r.M for r in self.rows])
         label = self.shape.label
         try:
             for row in self.rows:
@@ -623,27 +847,93 @@ class ShapeTuner:
             torch.cuda.empty_cache()
 
 
-def warm_up(shapes: list[Shape]) -> None:
+def warm_up(shapes: list, kernel: Kernel | None = None) -> None:
     """One small call per precision at SGLang's own config: SGLang's JIT helper kernels (activation, FP8
     quantisation, expert sort) compile here on a fresh machine, once (SGLang's JIT cache is shared by the
     compile workers, behind its own lock)."""
     import torch
 
+    kernel = kernel or KERNELS["moe"]
     t = time.perf_counter()
     for precision in dict.fromkeys(s.precision for s in shapes):
-        small = min((x for x in shapes if x.precision == precision), key=lambda x: x.N)
-        problem = Problem(small, [64])
+        small = min((x for x in shapes if x.precision == precision), key=lambda x: x.weight_bytes())
+        problem = kernel.problem(small, [64])
         for M in (1, 64):
-            out = problem.call(sglang_pick(small, M)[0], M)
+            out = problem.call(kernel.pick(small, M)[0], M)
             torch.cuda.synchronize()
             if not out.isfinite().all():
-                raise RuntimeError(f"fused_experts gave non-finite output ({precision}, M={M})")
+                raise RuntimeError(f"{kernel.what} gave non-finite output ({precision}, M={M})")
         problem.free()
-    log(f"fused_experts runs (FP8 and BF16); warm-up {time.perf_counter() - t:.0f}s")
+    log(f"{kernel.what} runs; warm-up {time.perf_counter() - t:.0f}s")
 
 
 def _us(x) -> str:
     return "n/a" if x is None else f"{x:.1f}us"
+
+
+# ------------------------------------------------------------------------------------------- kernels tuned
+@dataclass(frozen=True)
+class Kernel:
+    """What the tuner needs of one SGLang Triton kernel: its shapes, search space, timed problem, SGLang's own
+    pick, the Triton kernels a compile worker builds, the package folder its files go to, and the output names."""
+
+    name: str
+    what: str
+    shapes: object
+    candidates: object
+    problem: object
+    pick: object
+    kernel_names: tuple[str, ...]
+    configs: str
+    outputs: tuple[str, str, str]
+
+    def triton_kernels(self) -> list:
+        import importlib
+
+        found = []
+        for ref in self.kernel_names:
+            module, _, attr = ref.partition(":")
+            found.append(getattr(importlib.import_module(module), attr))
+        return found
+
+    def config_module(self):
+        import importlib
+
+        return importlib.import_module(self.configs)
+
+
+KERNELS = {
+    "moe": Kernel(
+        "moe",
+        "fused_experts",
+        model_shapes,
+        candidates,
+        Problem,
+        sglang_pick,
+        ("sglang.kernels.ops.moe.fused_moe_triton_kernels:fused_moe_kernel",),
+        "sglang_ernie55.kernels.moe_configs",
+        (BUNDLE, TARBALL, LOG),
+    ),
+    "linear": Kernel(
+        "linear",
+        "the block-FP8 GEMM",
+        linear_shapes,
+        linear_candidates,
+        LinearProblem,
+        linear_pick,
+        (
+            "sglang.kernels.ops.gemm.fp8_kernel:_w8a8_block_fp8_matmul",
+            "sglang.kernels.ops.gemm.fp8_kernel:_w8a8_block_fp8_matmul_hopper",
+            "sglang.kernels.ops.gemm.fp8_kernel:_reduce_block_fp8_split_k",
+        ),
+        "sglang_ernie55.kernels.fp8_linear_configs",
+        ("tune_fp8_linear.json", "fp8_linear_configs.tar", "tune_fp8_linear.log"),
+    ),
+}
+KERNEL_HELP = (
+    "moe: the routed experts' fused-MoE kernel (default); linear: SGLang's Triton block-FP8 GEMM of the "
+    "Linears (what serves them where DeepGEMM does not)"
+)
 
 
 # ------------------------------------------------------------------------------------------- tune
@@ -652,21 +942,22 @@ def tune(args) -> int:
     import torch
     import triton
 
+    kernel = KERNELS[args.kernel]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    _LOG_FILE = open(out / LOG, "w")
+    _LOG_FILE = open(out / kernel.outputs[2], "w")
     deadline = _T0 + args.budget_s
     stage1_deadline, refine_deadline = deadline - 0.15 * args.budget_s, deadline - 0.06 * args.budget_s
     if not torch.cuda.is_available():
         log("tune needs a CUDA GPU")
         return 2
-    compiler = Compiler(args.workers)  # workers start importing while this process does
+    compiler = Compiler(args.workers, kernel.name)  # workers start importing while this process does
     device_name = torch.cuda.get_device_name()
     batch_sizes = sorted(set(args.batch_sizes))
     init_sglang()
     import sglang
 
-    shapes = model_shapes(device_name)
+    shapes = kernel.shapes(device_name)
     if args.shapes:
         keep = {int(x) for x in args.shapes.split(",")}
         shapes = [s for i, s in enumerate(shapes) if i in keep]
@@ -677,19 +968,17 @@ def tune(args) -> int:
     )
     tuners = []
     for i, s in enumerate(shapes):
-        log(
-            f"  shape {i}: {s.label} top-{s.topk} K={s.K} -> {s.file_name(device_name)} ({', '.join(s.used_by)})"
-        )
+        log(f"  shape {i}: {s.describe} -> {s.file_name(device_name)} ({', '.join(s.used_by)})")
         # compile jobs in the order stage 1 times them: per M ascending, SGLang's pick first
         per_cfg: dict[tuple, tuple[dict, list[int]]] = {}
         for M in batch_sizes:
-            for cfg in [sglang_pick(s, M)[0], *candidates(s, M)]:
+            for cfg in [kernel.pick(s, M)[0], *kernel.candidates(s, M)]:
                 per_cfg.setdefault(cfg_key(cfg), (cfg, []))[1].append(M)
         for cfg, ms in per_cfg.values():
             compiler.submit(i, s, cfg, ms)
-        tuners.append(ShapeTuner(i, s, batch_sizes, compiler))
+        tuners.append(ShapeTuner(i, s, batch_sizes, compiler, kernel))
     log(f"{len(compiler.jobs)} (shape, config) compile jobs queued")
-    warm_up(shapes)
+    warm_up(shapes, kernel)
 
     for t in tuners:
         log(f"shape {t.i}: {t.shape.label}")
@@ -699,21 +988,26 @@ def tune(args) -> int:
     for t in tuners:
         t.refine_and_confirm(refine_deadline, deadline)
 
-    bundle = write_outputs(out, [(t.shape, t.rows, t.complete) for t in tuners], device_name, batch_sizes)
+    bundle = write_outputs(
+        out, [(t.shape, t.rows, t.complete) for t in tuners], device_name, batch_sizes, kernel
+    )
     print_tables(bundle)
     _LOG_FILE.close()
     return 0 if all(sh["complete"] for sh in bundle["shapes"]) else 1
 
 
-def write_outputs(out: Path, results, device_name: str, batch_sizes) -> dict:
+def write_outputs(out: Path, results, device_name: str, batch_sizes, kernel: Kernel | None = None) -> dict:
     import sglang
     import torch
     import triton
 
     from sglang_ernie55.kernels import moe_configs
 
+    kernel = kernel or KERNELS["moe"]
+    bundle_name, tarball, log_name = kernel.outputs
     folder = moe_configs.version_dir(triton.__version__)
     bundle = dict(
+        kernel=kernel.name,
         device_name=device_name,
         triton=triton.__version__,
         torch=torch.__version__,
@@ -744,15 +1038,15 @@ def write_outputs(out: Path, results, device_name: str, batch_sizes) -> dict:
                 ],
             )
         )
-    (out / BUNDLE).write_text(json.dumps(bundle, indent=1) + "\n")
-    with tarfile.open(out / TARBALL, "w") as tar:
+    (out / bundle_name).write_text(json.dumps(bundle, indent=1) + "\n")
+    with tarfile.open(out / tarball, "w") as tar:
         for sh in bundle["shapes"]:
             if sh["complete"]:
                 data = config_text(sh["configs"]).encode()
                 info = tarfile.TarInfo(f"{folder}/{sh['file']}")
                 info.size, info.mtime, info.mode = len(data), int(time.time()), 0o644
                 tar.addfile(info, io.BytesIO(data))
-    log(f"wrote {out / BUNDLE}, {out / TARBALL}, {out / LOG}")
+    log(f"wrote {out / bundle_name}, {out / tarball}, {out / log_name}")
     return bundle
 
 
@@ -762,43 +1056,30 @@ def config_text(configs: dict) -> str:
 
 
 def print_tables(bundle: dict) -> None:
+    linear = bundle.get("kernel") == "linear"
+    keys = KEY_ORDER + (("SPLIT_K", "SWAP_AB") if linear else ())
     for sh in bundle["shapes"]:
         s = sh["shape"]
         log("")
         log(
             f"{sh['file']} ({'complete' if sh['complete'] else 'INCOMPLETE: not installed'}; {', '.join(s['used_by'])})"
         )
-        log(
-            "| M | SGLang's pick | SGLang us | tuned us | speedup | tuned config (BM, BN, BK, G, warps, stages) |"
-        )
+        head = "BM, BN, BK, G, warps, stages" + (", split-K, swap-AB" if linear else "")
+        log(f"| M | SGLang's pick | SGLang us | tuned us | speedup | tuned config ({head}) |")
         log("| ---: | --- | ---: | ---: | ---: | --- |")
         for r in sh["rows"]:
             b, t, c = r["baseline_us"], r["tuned_us"], r["tuned_config"]
             sp = f"{b / t:.2f}x" if b and t else "n/a"
-            cs = (
-                ", ".join(
-                    str(c.get(k))
-                    for k in (
-                        "BLOCK_SIZE_M",
-                        "BLOCK_SIZE_N",
-                        "BLOCK_SIZE_K",
-                        "GROUP_SIZE_M",
-                        "num_warps",
-                        "num_stages",
-                    )
-                )
-                if c
-                else "n/a"
-            )
+            defaults = {"SPLIT_K": 1, "SWAP_AB": False}
+            cs = ", ".join(str(c.get(k, defaults.get(k))) for k in keys) if c else "n/a"
             log(f"| {r['M']} | {r['baseline_source']} | {_us(b)[:-2]} | {_us(t)[:-2]} | {sp} | {cs} |")
 
 
 # ------------------------------------------------------------------------------------------- install / plan
 def install(args) -> int:
-    from sglang_ernie55.kernels import moe_configs
-
     bundle = json.loads(Path(args.bundle).read_text())
-    dest = Path(args.dest) if args.dest else moe_configs.CONFIG_DIR
+    configs = KERNELS[bundle.get("kernel", "moe")].config_module()
+    dest = Path(args.dest) if args.dest else configs.CONFIG_DIR
     folder = dest / bundle["folder"]
     wrote, bad = [], []
     for sh in bundle["shapes"]:
@@ -810,7 +1091,7 @@ def install(args) -> int:
         folder.mkdir(parents=True, exist_ok=True)
         path = folder / sh["file"]
         path.write_text(config_text(sh["configs"]))
-        problems = moe_configs.check_file(path)
+        problems = configs.check_file(path)
         (bad if problems else wrote).append((path, problems))
     for path, _ in wrote:
         print(f"wrote {path}")
@@ -820,14 +1101,13 @@ def install(args) -> int:
 
 
 def plan(args) -> int:
-    shapes = model_shapes(args.device_name)
+    kernel = KERNELS[args.kernel]
+    shapes = kernel.shapes(args.device_name)
     total = 0
     for i, s in enumerate(shapes):
-        counts = {M: len(candidates(s, M)) for M in args.batch_sizes}
+        counts = {M: len(kernel.candidates(s, M)) for M in args.batch_sizes}
         total += sum(counts.values())
-        print(
-            f"shape {i}: {s.label} top-{s.topk} K={s.K}, weights {s.weight_bytes() / 2**30:.1f} GiB ({', '.join(s.used_by)})"
-        )
+        print(f"shape {i}: {s.describe}, weights {s.weight_bytes() / 2**30:.3f} GiB ({', '.join(s.used_by)})")
         print(f"  file: {s.file_name(args.device_name)}")
         print("  candidates per M: " + ", ".join(f"{M}: {n}" for M, n in counts.items()))
     print(f"{total} (shape, M, config) timings before GROUP_SIZE_M refinement")
@@ -847,15 +1127,19 @@ def main(argv=None) -> int:
     )
     t.add_argument("--batch-sizes", type=int, nargs="+", default=list(BATCH_SIZES))
     t.add_argument("--shapes", default="", help="comma-separated shape indices (see `plan`); default all")
+    t.add_argument("--kernel", choices=sorted(KERNELS), default="moe", help=KERNEL_HELP)
     i = sub.add_parser(
         "install", help="write a tune bundle's complete shapes into the package's config folder"
     )
     i.add_argument("bundle")
-    i.add_argument("--dest", default=None, help="config folder (default: the package's moe_configs)")
+    i.add_argument(
+        "--dest", default=None, help="config folder (default: the package's folder for the bundle's kernel)"
+    )
     i.add_argument("--allow-partial", action="store_true")
     p = sub.add_parser("plan", help="list the shapes, file names and search-space sizes (no GPU needed)")
     p.add_argument("--device-name", default="NVIDIA H200")
     p.add_argument("--batch-sizes", type=int, nargs="+", default=list(BATCH_SIZES))
+    p.add_argument("--kernel", choices=sorted(KERNELS), default="moe", help=KERNEL_HELP)
     args = ap.parse_args(argv)
     return {"tune": tune, "install": install, "plan": plan}[args.cmd](args)
 

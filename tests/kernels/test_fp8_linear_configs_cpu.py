@@ -5,9 +5,11 @@ names each fault; every shipped file is one SGLang's lookup and kernel take."""
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
 import json
 import logging
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -197,3 +199,94 @@ def test_shipped_file_is_valid_and_named_as_sglang_names_it(path):
     m = flc._FILE_NAME.fullmatch(path.name)
     block = (int(m.group(4)), int(m.group(5)))
     assert flc.file_name(int(m.group(1)), int(m.group(2)), m.group(3).replace("_", " "), block) == path.name
+
+
+# ------------------------------------------------------------------------------------------- the tuner
+@pytest.fixture(scope="module")
+def tuner():
+    """benchmarks/tune_fused_moe.py as a module (its `plan`, shapes, search space and `install` need no GPU)."""
+    root = Path(__file__).resolve().parents[2]
+    spec = importlib.util.spec_from_file_location("tune_fused_moe", root / "benchmarks" / "tune_fused_moe.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    yield module
+    sys.modules.pop(spec.name, None)
+
+
+def test_linear_shapes_are_every_fp8_linear_of_the_one_gpu_server(tuner):
+    shapes = tuner.linear_shapes(H200)
+    got = {(s.N, s.K) for s in shapes}
+    # the attention output projections, HCA's wq_b, the dense FFN's gate | up and the MoE's latent down among them
+    assert (4096, 8192) in got and (32768, 1024) in got and (24576, 4096) in got and (2048, 4096) in got
+    assert len(got) == len(shapes) == 11
+    # each (N, K) once; ordered by the bytes a decode step of the 43-layer model reads through it
+    assert shapes[0].used_by == ["hca attention self_attn.wo_b", "mla_dsa attention self_attn.o_proj"]
+    assert any(u.startswith("dense FFN") for s in shapes for u in s.used_by)
+    assert all(s.file_name(H200) == flc.file_name(s.N, s.K, H200) for s in shapes)
+
+
+def test_linear_search_space_is_one_sglangs_kernels_take(tuner, tmp_path):
+    shape = tuner.LinearShape(2048, 4096)
+    for M in tuner.BATCH_SIZES:
+        cands = tuner.linear_candidates(shape, M)
+        assert cands and len({tuner.cfg_key(c) for c in cands}) == len(cands)
+        split = [c for c in cands if c.get("SPLIT_K", 1) > 1 or c.get("SWAP_AB")]
+        # the SM90 split-K / swap-AB variants where few rows leave the GPU idle; each K split >= 2 tiles
+        assert bool(split) is (M <= 64)
+        assert all(4096 // 128 // c.get("SPLIT_K", 1) >= 2 for c in cands)
+        assert all(c["BLOCK_SIZE_M"] <= max(16, 2 ** (M - 1).bit_length()) for c in cands)
+        path = write(
+            tmp_path / "triton_3_6_0", shape.file_name(H200), {str(i + 1): c for i, c in enumerate(cands)}
+        )
+        assert flc.check_file(path) == [], M
+
+
+@pytest.mark.parametrize("N, K, source", [(2048, 4096, "SGLang default"), (1536, 7168, "SGLang file")])
+def test_linear_pick_is_what_sglang_launches(tuner, monkeypatch, N, K, source):
+    from sglang.kernels.ops.gemm import fp8_kernel
+
+    monkeypatch.setattr(fp8_kernel, "get_device_name", lambda: H200)
+    own = inspect.unwrap(fp8_kernel.get_w8a8_block_fp8_configs, stop=lambda f: hasattr(f, "cache_clear"))
+    own.cache_clear()
+    try:
+        cfg, src = tuner.linear_pick(tuner.LinearShape(N, K), 8)
+        assert src == source
+        if source == "SGLang file":
+            table = own(N, K, 128, 128)
+            want = table[min(table, key=lambda m: abs(m - 8))]
+            assert all(cfg[k] == v for k, v in want.items())
+        else:  # SGLang's default tile
+            assert cfg == dict(
+                BLOCK_SIZE_M=64,
+                BLOCK_SIZE_N=128,
+                BLOCK_SIZE_K=128,
+                GROUP_SIZE_M=32,
+                num_warps=4,
+                num_stages=3,
+            )
+    finally:
+        own.cache_clear()
+
+
+def test_linear_install_writes_files_the_lookup_returns(tuner, lookup, tmp_path, capsys):
+    entry = tuner.full_config(
+        dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=32, BLOCK_SIZE_K=128, GROUP_SIZE_M=1, SPLIT_K=4)
+    )
+    bundle = dict(
+        kernel="linear",
+        device_name=H200,
+        triton=triton.__version__,
+        folder=moe_configs.version_dir(triton.__version__),
+        shapes=[dict(file=OURS, complete=True, configs={"1": entry, "64": entry}, rows=[])],
+    )
+    path = tmp_path / "tune_fp8_linear.json"
+    path.write_text(json.dumps(bundle))
+    assert tuner.main(["install", str(path), "--dest", str(lookup.folder)]) == 0
+    assert flc.check_file(lookup.here / OURS) == []
+    got = lookup.k.get_w8a8_block_fp8_configs(2048, 4096, 128, 128)
+    assert sorted(got) == [1, 64] and got[1]["SPLIT_K"] == 4
+    bundle["shapes"][0]["configs"] = {"1": entry | {"SPLIT_K": 1}}  # SPLIT_K 1 would reach the plain kernel
+    path.write_text(json.dumps(bundle))
+    assert tuner.main(["install", str(path), "--dest", str(tmp_path / "other")]) == 1
+    assert "INVALID" in capsys.readouterr().out
