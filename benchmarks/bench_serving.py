@@ -13,10 +13,17 @@ Workloads, each as one `sglang.benchmark.serving` run against each server:
   download) at each `--concurrency`, and a shared-prefix workload (`generated-shared-prefix`: groups of
   prompts behind one long system prompt, so the radix cache serves the prefix).
 
+  long prompt: `--long-prompts` prompts of `--long-len` random tokens (default 32K) one at a time, one output
+  token each (the `base` server only): time to first token under the server's own chunked prefill.
+
 Next to each `base` random row: the decode weight-byte roofline at that concurrency, batch C reading every
 dense / attention / shared weight once plus the experts C tokens touch (E (1 - (1 - k/E)^C) of E), at the
 copy bandwidth measured on this device (KV reads left out: at 1K-2K tokens of context they are a few % of
-the weights). Output tok/s <= C / (those bytes / bandwidth); the ratio column is measured / roofline.
+the weights). Output tok/s <= C / (those bytes / bandwidth); the ratio column is measured / roofline. Next to
+the long-prompt row: the prefill FLOP floor, every Linear's FLOPs for the prompt's tokens (the routed experts' at
+k/E, the LM head's for the last token only) plus each layer's attention FLOPs summed over the prompt's positions
+(`bench_step.attention_flops`), at the GEMM rates measured on this device (fp8 / bf16 / fp32 by the weights'
+dtype; attention at the bf16 rate); its ratio column is median TTFT / that floor.
 
   python3 benchmarks/bench_serving.py --out /tmp/bs                 # GPU: 4-layer full-width FP8 checkpoint
   python3 benchmarks/bench_serving.py --cpu-smoke --out /tmp/bs     # CPU: tiny checkpoint, short requests
@@ -91,6 +98,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--output-len", type=int, default=None, help="tokens generated (default 1024; smoke 8)")
     p.add_argument("--prompts", type=int, default=0, help="prompts per concurrency (default max(4, 2 x C))")
     p.add_argument("--no-shared-prefix", action="store_true", help="skip the shared-prefix workload")
+    p.add_argument("--long-len", type=int, default=None, help="long-prompt tokens (default 32768; smoke 300)")
+    p.add_argument("--long-prompts", type=int, default=None, help="long prompts, one at a time (3; smoke 2)")
+    p.add_argument("--no-long-prompt", action="store_true", help="skip the long-prompt (TTFT) workload")
     p.add_argument("--gsp-groups", type=int, default=None, help="shared-prefix groups (default 8; smoke 2)")
     p.add_argument("--gsp-prompts", type=int, default=None, help="prompts per group (default 8; smoke 2)")
     p.add_argument("--gsp-system-len", type=int, default=None, help="shared prefix tokens (2048; smoke 300)")
@@ -127,6 +137,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         gsp_question_len=16 if smoke else 128,
         gsp_output_len=8 if smoke else 256,
         gsp_concurrency=2 if smoke else 16,
+        long_len=300 if smoke else 32768,
+        long_prompts=2 if smoke else 3,
     )
     for k, v in defaults.items():
         if getattr(a, k) is None:
@@ -174,6 +186,40 @@ def weight_bytes(ckpt: Path) -> dict:
         E=cfg.n_routed_experts,
         k=cfg.num_experts_per_tok,
     )
+
+
+def prefill_flops(ckpt: Path, T: int) -> dict[str, float]:
+    """FLOPs of one T-token prefill by GEMM dtype class (see the module docstring): from the safetensors headers
+    (every stored matrix but the embedding, the ECHO layer's and the quantisation scales) and the config."""
+    import math
+
+    from benchmarks.bench_step import _dtype_class, attention_flops
+    from sglang_ernie55.checkpoint.loader import CheckpointReader
+
+    reader = CheckpointReader(ckpt)
+    cfg = reader.config
+    E, k = cfg.n_routed_experts, cfg.num_experts_per_tok
+    flops = {"fp8": 0.0, "bf16": 0.0, "fp32": 0.0}
+    for name, (shape, dtype) in reader.stored.items():
+        if (
+            len(shape) < 2
+            or name.startswith(("model.embed_tokens.", "echo."))
+            or "scale" in name.rsplit(".", 1)[-1]
+        ):
+            continue
+        tokens = 1 if name.startswith("lm_head.") else T  # logits of the last position only
+        frac = k / E if ".mlp.experts." in name else 1.0
+        flops[_dtype_class(dtype)] += 2.0 * tokens * math.prod(shape) * frac
+    per_kind = {}
+    for kind in cfg.layer_types:
+        if kind not in per_kind:
+            per_kind[kind] = sum(attention_flops(cfg, kind, L) for L in range(1, T + 1))
+        flops["bf16"] += per_kind[kind]
+    return flops
+
+
+def flop_floor_ms(flops: dict[str, float], rates: dict[str, float]) -> float:
+    return sum(f / rates[c] * 1e3 for c, f in flops.items() if f)
 
 
 def roofline_tok_s(w: dict, batch: int, bw: float) -> tuple[float, float]:
@@ -298,6 +344,29 @@ def workloads(a) -> list[dict]:
                 ],
             )
         )
+    if not a.no_long_prompt:
+        runs.append(
+            dict(
+                workload="long-prompt",
+                concurrency=1,
+                prompts=a.long_prompts,
+                args=[
+                    "--dataset-name",
+                    "random-ids",
+                    "--tokenize-prompt",
+                    "--random-input-len",
+                    str(a.long_len),
+                    "--random-output-len",
+                    "1",
+                    "--random-range-ratio",
+                    "1.0",
+                    "--num-prompts",
+                    str(a.long_prompts),
+                    "--max-concurrency",
+                    "1",
+                ],
+            )
+        )
     return runs
 
 
@@ -373,7 +442,8 @@ def main(argv=None) -> int:
         return 2
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    bw = calibrate(device)["copy_bytes_per_s"]
+    cal = calibrate(device)
+    bw, rates = cal["copy_bytes_per_s"], cal["gemm_flops_per_s"]
     name = torch.cuda.get_device_properties(0).name if device == "cuda" else "CPU"
     say(t0, f"{name}: copy bandwidth {bw / 1e12:.3g} TB/s (read + write), SGLang {sglang.__version__}")
     ckpts = make_checkpoints(a, t0)
@@ -400,6 +470,8 @@ def main(argv=None) -> int:
             demo._wait_ready(server, f"http://127.0.0.1:{port}", a.start_timeout, clock)
             startup = time.monotonic() - server.started
             for run in workloads(a):
+                if run["workload"] == "long-prompt" and config != "base":
+                    continue
                 tag = f"{config}-{run['workload']}-c{run['concurrency']}"
                 if a.budget_s and time.monotonic() - t0 > a.budget_s:
                     skipped.append(f"{tag} (budget)")
@@ -427,6 +499,11 @@ def main(argv=None) -> int:
                     row["step_weight_bytes"], row["roofline_tok_s"] = roofline_tok_s(
                         w, run["concurrency"], bw
                     )
+                if run["workload"] == "long-prompt":
+                    row["prefill_tokens"] = a.long_len
+                    row["prefill_flops"] = prefill_flops(ckpt, a.long_len)
+                    row["prefill_flop_floor_ms"] = flop_floor_ms(row["prefill_flops"], rates)
+                    row["gemm_flops_per_s"] = rates
                 rows.append(row)
                 with open(out / RESULT_FILE, "a") as f:
                     f.write(json.dumps(row) + "\n")
@@ -468,17 +545,18 @@ def table(rows: list[dict]) -> str:
         "",
         "| config | workload | concurrency | prompts | completed | output tok/s | median TTFT ms | p99 TTFT ms "
         "| median TPOT ms | median ITL ms | p99 ITL ms | accept length (server mean so far) "
-        "| weight-byte roofline tok/s | of roofline |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| weight-byte roofline tok/s | of roofline | prefill FLOP floor ms | median TTFT / floor |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for r in rows:
-        roof = r.get("roofline_tok_s")
+        roof, floor = r.get("roofline_tok_s"), r.get("prefill_flop_floor_ms")
         lines.append(
             f"| {r['config']}{' x' + str(r['echo_steps']) if r['echo_steps'] else ''} | {r['workload']} | "
             f"{r['concurrency']} | {r['prompts']} | {r['completed']} | {_f(r['output_throughput'], '.1f')} | "
             f"{_f(r['median_ttft_ms'], '.0f')} | {_f(r['p99_ttft_ms'], '.0f')} | {_f(r['median_tpot_ms'], '.2f')} | "
             f"{_f(r['median_itl_ms'], '.2f')} | {_f(r['p99_itl_ms'], '.2f')} | {_f(r['accept_length'], '.2f')} | "
-            f"{_f(roof, '.0f')} | {_f(r['output_throughput'] / roof if roof else None, '.2f')} |"
+            f"{_f(roof, '.0f')} | {_f(r['output_throughput'] / roof if roof else None, '.2f')} | "
+            f"{_f(floor, '.1f')} | {_f(r['median_ttft_ms'] / floor if floor and r['median_ttft_ms'] else None, '.1f')} |"
         )
     return "\n".join(lines)
 

@@ -335,6 +335,25 @@ def _row_bytes(codec) -> int:
     return codec.data.shape[1] * codec.data.element_size()
 
 
+def attention_flops(cfg, kind: str, L: int) -> float:
+    """The attention FLOPs of one query token that sees L keys, in a layer of `kind`: HCA over its window and the
+    compressed entries (scores and values over the head dim), MLA-DSA's index scores over every key and its
+    attention over the top-k (latent + RoPE keys, latent values). The projections are the layer's weights'."""
+    from sglang_ernie55.configuration import LAYER_HCA
+
+    if kind == LAYER_HCA:
+        return (
+            2.0
+            * cfg.num_attention_heads
+            * (min(L, cfg.window_size) + L // cfg.compress_ratio)
+            * 2
+            * cfg.head_dim
+        )
+    qk = cfg.kv_lora_rank + cfg.qk_rope_head_dim
+    index = 2.0 * cfg.index_n_heads * cfg.index_head_dim * L
+    return index + 2.0 * cfg.num_attention_heads * min(L, cfg.index_topk) * (qk + cfg.kv_lora_rank)
+
+
 def floors(model, cfg, pool, B: int, ctx: int) -> dict[str, Floor]:
     """Per component: what one decode step of B requests at context `ctx` must read and compute (see the module
     docstring). The model's real parameters give the weights; the pool's buffers give the KV row sizes."""
@@ -354,16 +373,14 @@ def floors(model, cfg, pool, B: int, ctx: int) -> dict[str, Floor]:
             W = min(L, cfg.window_size)
             ncmp = L // cfg.compress_ratio
             f.bytes += B * (W * _row_bytes(pool.win[i]) + ncmp * _row_bytes(pool.cmp[i]))
-            f.flops["bf16"] += 2.0 * B * cfg.num_attention_heads * (W + ncmp) * 2 * cfg.head_dim
+            f.flops["bf16"] += B * attention_flops(cfg, layer.kind, L)
         else:
             f = out["mla_dsa"]
             f.weights(attn, B)
             sel = min(L, cfg.index_topk)
             f.bytes += B * (L * _row_bytes(pool.index_k[i]) + sel * _row_bytes(pool.latent[i]))
             f.bytes += 2 * B * L * 4  # indexer logits written, then read by the top-k
-            f.flops["bf16"] += 2.0 * B * cfg.index_n_heads * cfg.index_head_dim * L
-            qk = cfg.kv_lora_rank + cfg.qk_rope_head_dim
-            f.flops["bf16"] += 2.0 * B * cfg.num_attention_heads * sel * (qk + cfg.kv_lora_rank)
+            f.flops["bf16"] += B * attention_flops(cfg, layer.kind, L)
         mlp = layer.mlp
         if hasattr(mlp, "routers"):
             r = out["moe.route"]
@@ -782,13 +799,19 @@ def point_table(res: dict) -> str:
         else:
             row += ["-"] * 5
         lines.append("| " + " | ".join(row) + " |")
-    gap_row = ["launch gaps (device idle)" if res["device"] == "cuda" else "gaps (host time between ops)", "-"]
+    gap_row = [
+        "launch gaps (device idle)" if res["device"] == "cuda" else "gaps (host time between ops)",
+        "-",
+    ]
     if g:
         gap_row += [_f(g["gaps_ms"]), f"{100 * g['gaps_ms'] / span:.1f}" if span else "-"]
     gap_row += [_f(e.get("gaps_ms")) if e else "-"] + ["-"] * 5
     lines.append("| " + " | ".join(gap_row) + " |")
     step = t["step_ms"]
-    tot = ["**total** (profiled span; x floor: timed step / byte floor)", f"{primary.get('items_per_step', 0):.0f}"]
+    tot = [
+        "**total** (profiled span; x floor: timed step / byte floor)",
+        f"{primary.get('items_per_step', 0):.0f}",
+    ]
     if g:
         tot += [_f(g["span_ms"]), "100"]
     tot += [_f(e.get("span_ms")) if e else "-"]

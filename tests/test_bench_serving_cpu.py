@@ -5,6 +5,7 @@ server and the ECHO-exact one) where every run completes every prompt with every
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -100,12 +101,64 @@ def test_table_has_a_row_per_run():
     text = bsv.table([row, echo])
     assert "| base | random | 4 | 8 | 8 | 100.0 |" in text and "| 400 | 0.25 |" in text
     assert "| echo-exact x2 | random |" in text and "| 2.87 | - | - |" in text
+    long = dict(row, workload="long-prompt", concurrency=1, roofline_tok_s=None, median_ttft_ms=120.0)
+    long["prefill_flop_floor_ms"] = 40.0
+    assert "| - | - | 40.0 | 3.0 |" in bsv.table([long])
+
+
+def test_prefill_flops_count_every_matrix_and_each_positions_attention(tiny_fp8):
+    """The Linears' FLOPs are 2 x T x each stored matrix (experts at k/E, the LM head once, no embedding, ECHO
+    layer or scales), read here from the shards themselves; one more prompt token adds those per-token FLOPs and
+    each layer's attention at the new token's key count; the attention formula at a few key counts by hand."""
+    from safetensors import safe_open
+
+    from benchmarks.bench_step import attention_flops
+    from sglang_ernie55.checkpoint.loader import read_config
+    from sglang_ernie55.configuration import LAYER_HCA
+
+    cfg = read_config(tiny_fp8)
+    E, k = cfg.n_routed_experts, cfg.num_experts_per_tok
+    per_token = head = 0.0
+    for f in tiny_fp8.glob("*.safetensors"):
+        with safe_open(str(f), "pt") as h:
+            for name in h.keys():
+                t = h.get_slice(name)
+                shape = t.get_shape()
+                if (
+                    len(shape) < 2
+                    or name.startswith(("model.embed_tokens.", "echo."))
+                    or name.endswith("scale_inv")
+                ):
+                    continue
+                n = 2.0 * float(math.prod(shape))
+                if name.startswith("lm_head."):
+                    head += n
+                else:
+                    per_token += n * (k / E if ".mlp.experts." in name else 1.0)
+    T = 200
+    a, b = bsv.prefill_flops(tiny_fp8, T - 1), bsv.prefill_flops(tiny_fp8, T)
+    attn_T = sum(attention_flops(cfg, kind, T) for kind in cfg.layer_types)
+    assert sum(b.values()) - sum(a.values()) == pytest.approx(per_token + attn_T, rel=1e-9)
+    attn_all = sum(attention_flops(cfg, kind, L) for kind in cfg.layer_types for L in range(1, T + 1))
+    assert sum(b.values()) == pytest.approx(T * per_token + head + attn_all, rel=1e-9)
+    assert b["fp8"] > 0 and b["bf16"] > 0  # FP8 Linears at the fp8 rate; attention (and BF16 weights) at bf16
+    h, d, w, r = cfg.num_attention_heads, cfg.head_dim, cfg.window_size, cfg.compress_ratio
+    for L in (1, w, 3 * w + 5):
+        assert attention_flops(cfg, LAYER_HCA, L) == 4.0 * h * d * (min(L, w) + L // r)
+    qk, kv = cfg.kv_lora_rank + cfg.qk_rope_head_dim, cfg.kv_lora_rank
+    L = cfg.index_topk + 7
+    want = 2.0 * cfg.index_n_heads * cfg.index_head_dim * L + 2.0 * h * cfg.index_topk * (qk + kv)
+    assert attention_flops(cfg, "mla_dsa", L) == want
+    assert bsv.flop_floor_ms(
+        {"fp8": 2e12, "bf16": 1e12, "fp32": 0.0}, {"fp8": 2e15, "bf16": 1e15, "fp32": 1.0}
+    ) == (pytest.approx(2.0))
 
 
 @pytest.mark.slow
 def test_cpu_smoke(tmp_path):
-    """The plain server (random prompts at concurrency 2, and the shared-prefix workload) and the ECHO-exact
-    one (2 draft steps), each through SGLang's client: every prompt completes with all its tokens."""
+    """The plain server (random prompts at concurrency 2, the shared-prefix workload and the long prompts) and
+    the ECHO-exact one (2 draft steps), each through SGLang's client: every prompt completes with all its
+    tokens."""
     from tests.shim_lib.ernie55_shim_lib import shim_pythonpath
 
     out = tmp_path / "out"
@@ -125,16 +178,18 @@ def test_cpu_smoke(tmp_path):
     want = [
         ("base", "random"),
         ("base", "shared-prefix"),
+        ("base", "long-prompt"),
         ("echo-exact", "random"),
         ("echo-exact", "shared-prefix"),
     ]
     assert [(r["config"], r["workload"]) for r in rows] == want, log
     for r in rows:
-        per = 8  # the smoke's output length, in both workloads
+        per = 1 if r["workload"] == "long-prompt" else 8  # the smoke's output lengths
         assert r["completed"] == r["prompts"] and r["total_output_tokens"] == per * r["prompts"], r
         assert r["output_throughput"] > 0 and r["median_ttft_ms"] > 0, r
     assert rows[0]["roofline_tok_s"] > 0 and rows[0]["step_weight_bytes"] > 0
+    assert rows[2]["prefill_tokens"] == 300 and rows[2]["prefill_flop_floor_ms"] > 0
     assert "ECHO draft attached:" in (out / "server-echo-exact.log").read_text()
     assert (tmp_path / "work" / "tiny-echo-exact" / "echo_exact.json").is_file()
     md = (out / bsv.TABLE_FILE).read_text()
-    assert md.count("| base |") == 2 and md.count("| echo-exact x2 |") == 2, md
+    assert md.count("| base |") == 3 and md.count("| echo-exact x2 |") == 2, md
