@@ -121,3 +121,12 @@ def filled_pool(g, num_pages, width, scale=1.0, device=DEV, gen=None):
     else:
         kv_store(pool, g, slots, x)
     return pool, x
+
+
+def write_config(folder, name: str, entries: dict):
+    """A kernel config file `name` holding `entries` (JSON) in `folder` (made if missing); its path."""
+    import json
+
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / name).write_text(json.dumps(entries))
+    return folder / name

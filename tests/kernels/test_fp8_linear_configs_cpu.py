@@ -21,6 +21,7 @@ from sglang_ernie55 import patches
 from sglang_ernie55.configuration import tiny_config
 from sglang_ernie55.kernels import fp8_linear_configs as flc
 from sglang_ernie55.kernels import moe_configs
+from tests.kernels.kutil import write_config as write
 
 GEMM = "sglang.kernels.ops.gemm.fp8_kernel"
 FMC = "sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe_triton_config"
@@ -41,12 +42,6 @@ def marked(*batch_sizes: int) -> dict:
         )
         for m in batch_sizes
     }
-
-
-def write(folder: Path, name: str, entries: dict) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / name).write_text(json.dumps(entries))
-    return folder / name
 
 
 @pytest.fixture

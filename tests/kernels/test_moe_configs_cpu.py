@@ -22,6 +22,7 @@ import triton
 from sglang_ernie55 import patches
 from sglang_ernie55.configuration import tiny_config
 from sglang_ernie55.kernels import moe_configs
+from tests.kernels.kutil import write_config as write
 
 ROOT = Path(__file__).resolve().parents[2]
 FMC = "sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe_triton_config"
@@ -43,12 +44,6 @@ def marked(*batch_sizes: int) -> dict:
         )
         for m in batch_sizes
     }
-
-
-def write(folder: Path, name: str, entries: dict) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / name).write_text(json.dumps(entries))
-    return folder / name
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@ the newest other one); otherwise SGLang's `get_w8a8_block_fp8_configs` answers u
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import re
 from pathlib import Path
@@ -23,8 +22,8 @@ CONFIG_DIR = Path(__file__).resolve().parent
 _FILE_NAME = re.compile(
     r"N=(\d+),K=(\d+),device_name=([^,]+),dtype=fp8_w8a8,block_shape=\[(\d+), (\d+)\]\.json"
 )
-BLOCK_KEYS = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M")
-LAUNCH_KEYS = ("num_warps", "num_stages")
+BLOCK_KEYS = moe_configs.BLOCK_KEYS
+LAUNCH_KEYS = moe_configs.LAUNCH_KEYS
 # SGLang's SM90 variant (`_w8a8_block_fp8_matmul_hopper`): taken when an entry swaps A and B or splits K
 HOPPER_KEYS = ("SPLIT_K", "SWAP_AB")
 _POW2_KEYS = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "num_warps", "SPLIT_K")
@@ -85,59 +84,22 @@ def check_file(path: Path) -> list[str]:
     folder, SGLang's file-name pattern, integer batch sizes, each entry with the four block keys (tiles powers of
     two >= 16, BLOCK_SIZE_K dividing the block's k), Triton launch options, and SPLIT_K (a power of two) / SWAP_AB
     only where they select SGLang's SM90 kernel, whose parameters they are."""
-    path = Path(path)
-    problems = []
-    if not moe_configs._VERSION_DIR.fullmatch(path.parent.name):
-        problems.append(f"folder {path.parent.name!r} is not triton_<version>")
-    m = _FILE_NAME.fullmatch(path.name)
-    if m is None:
-        return problems + [f"{path.name!r} is not SGLang's file-name pattern"]
-    block_k = int(m.group(5))
-    try:
-        with open(path) as f:
-            entries = json.load(f)
-    except (OSError, ValueError) as e:
-        return problems + [f"unreadable: {e}"]
-    if not isinstance(entries, dict) or not entries:
-        return problems + ["not a non-empty object of batch size -> config"]
-    for key, cfg in entries.items():
-        if not key.isdigit() or int(key) < 1:
-            problems.append(f"batch size {key!r} is not a positive integer")
-            continue
-        if not isinstance(cfg, dict):
-            problems.append(f"M={key}: not an object")
-            continue
-        unknown = set(cfg) - set(BLOCK_KEYS) - set(LAUNCH_KEYS) - set(HOPPER_KEYS)
-        missing = [k for k in BLOCK_KEYS if k not in cfg]
-        if unknown or missing:
-            problems.append(f"M={key}: unknown keys {sorted(unknown)}, missing keys {missing}")
-            continue
-        if not isinstance(cfg.get("SWAP_AB", False), bool):
-            problems.append(f"M={key}: SWAP_AB must be true or false")
-            continue
-        ints = {k: v for k, v in cfg.items() if k != "SWAP_AB"}
-        bad = [k for k, v in ints.items() if not isinstance(v, int) or isinstance(v, bool) or v < 1]
-        bad += [k for k in _POW2_KEYS if k in cfg and k not in bad and cfg[k] & (cfg[k] - 1)]
-        bad += [k for k in BLOCK_KEYS[:3] if k not in bad and cfg[k] < 16]
-        if bad:
-            problems.append(
-                f"M={key}: {sorted(bad)} must be positive integers (block sizes >= 16, powers of two)"
-            )
-            continue
-        if block_k % cfg["BLOCK_SIZE_K"]:
-            problems.append(
-                f"M={key}: BLOCK_SIZE_K {cfg['BLOCK_SIZE_K']} does not divide the block's {block_k}"
-            )
+    problems, m, entries = moe_configs.read_file(path, _FILE_NAME)
+    if entries is None:
+        return problems
+    found, good = moe_configs.check_entries(entries, int(m.group(5)), HOPPER_KEYS, ("SWAP_AB",), _POW2_KEYS)
+    problems += found
+    for key, cfg in good.items():
         hopper = cfg.get("SWAP_AB", False) or cfg.get("SPLIT_K", 1) > 1
-        extra = (set(cfg) & set(HOPPER_KEYS)) - ({"SWAP_AB", "SPLIT_K"} if hopper else set())
-        if extra:
+        if not hopper and set(cfg) & set(HOPPER_KEYS):
             # the plain kernel takes every entry key as a keyword: SPLIT_K 1 / SWAP_AB false would be refused
             problems.append(
-                f"M={key}: {sorted(extra)} only with SWAP_AB true or SPLIT_K > 1 (SGLang's SM90 kernel)"
+                f"M={key}: {sorted(set(cfg) & set(HOPPER_KEYS))} only with SWAP_AB true or SPLIT_K > 1 (SGLang's "
+                "SM90 kernel)"
             )
-        missing_params = set(BLOCK_KEYS) - kernel_params(bool(hopper))
-        if missing_params:
-            problems.append(f"M={key}: SGLang's kernel takes none of {sorted(missing_params)}")
+        missing = set(BLOCK_KEYS) - kernel_params(bool(hopper))
+        if missing:
+            problems.append(f"M={key}: SGLang's kernel takes none of {sorted(missing)}")
     return problems
 
 

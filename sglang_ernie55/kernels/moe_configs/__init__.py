@@ -130,29 +130,38 @@ def kernel_params() -> set[str]:
     return set(fused_moe_kernel.arg_names)
 
 
-def check_file(path: Path) -> list[str]:
-    """What is wrong with a config file for SGLang's lookup and kernel (empty: nothing): a `triton_<version>`
-    folder, SGLang's file-name pattern, integer batch sizes, each entry with the four block keys (tiles powers of
-    two >= 16, BLOCK_SIZE_K dividing the quantisation block's k) and otherwise only Triton launch options."""
+def read_file(path: Path, pattern: re.Pattern) -> tuple[list[str], re.Match | None, dict | None]:
+    """A config file's folder and name problems, its name's match of `pattern` and its entries (None where the
+    file cannot be checked further: another name, unreadable, not a non-empty object)."""
     path = Path(path)
     problems = []
     if not _VERSION_DIR.fullmatch(path.parent.name):
         problems.append(f"folder {path.parent.name!r} is not triton_<version>")
-    m = _FILE_NAME.fullmatch(path.name)
+    m = pattern.fullmatch(path.name)
     if m is None:
-        return problems + [f"{path.name!r} is not SGLang's file-name pattern"]
-    block_k = int(m.group(6)) if m.group(6) else 0
+        return problems + [f"{path.name!r} is not SGLang's file-name pattern"], None, None
     try:
         with open(path) as f:
             entries = json.load(f)
     except (OSError, ValueError) as e:
-        return problems + [f"unreadable: {e}"]
+        return problems + [f"unreadable: {e}"], m, None
     if not isinstance(entries, dict) or not entries:
-        return problems + ["not a non-empty object of batch size -> config"]
-    if not set(BLOCK_KEYS) <= kernel_params():
-        problems.append(
-            f"SGLang's fused_moe_kernel takes none of {sorted(set(BLOCK_KEYS) - kernel_params())}"
-        )
+        return problems + ["not a non-empty object of batch size -> config"], m, None
+    return problems, m, entries
+
+
+def check_entries(
+    entries: dict,
+    block_k: int,
+    extra_keys: tuple[str, ...],
+    flag_keys: tuple[str, ...],
+    pow2_keys: tuple[str, ...],
+) -> tuple[list[str], dict]:
+    """Each batch size's entry: a positive integer key; the four block keys, Triton's launch options and
+    `extra_keys` only; `flag_keys` true or false, every other value a positive integer, `pow2_keys` powers of two,
+    tiles >= 16, BLOCK_SIZE_K dividing the quantisation block's k (`block_k`; 0: none). Returns the problems and
+    the entries that passed."""
+    problems, good = [], {}
     for key, cfg in entries.items():
         if not key.isdigit() or int(key) < 1:
             problems.append(f"batch size {key!r} is not a positive integer")
@@ -160,14 +169,18 @@ def check_file(path: Path) -> list[str]:
         if not isinstance(cfg, dict):
             problems.append(f"M={key}: not an object")
             continue
-        unknown = set(cfg) - set(BLOCK_KEYS) - set(LAUNCH_KEYS) - set(RUNNER_KEYS)
+        unknown = set(cfg) - set(BLOCK_KEYS) - set(LAUNCH_KEYS) - set(extra_keys)
         missing = [k for k in BLOCK_KEYS if k not in cfg]
         if unknown or missing:
             problems.append(f"M={key}: unknown keys {sorted(unknown)}, missing keys {missing}")
             continue
-        ints = {k: v for k, v in cfg.items() if k != "USE_TMA"}
+        flags = [k for k in flag_keys if k in cfg and not isinstance(cfg[k], bool)]
+        if flags:
+            problems.append(f"M={key}: {', '.join(flags)} must be true or false")
+            continue
+        ints = {k: v for k, v in cfg.items() if k not in flag_keys}
         bad = [k for k, v in ints.items() if not isinstance(v, int) or isinstance(v, bool) or v < 1]
-        bad += [k for k in _POW2_KEYS if k in cfg and k not in bad and cfg[k] & (cfg[k] - 1)]
+        bad += [k for k in pow2_keys if k in cfg and k not in bad and cfg[k] & (cfg[k] - 1)]
         bad += [k for k in BLOCK_KEYS[:3] if k not in bad and cfg[k] < 16]
         if bad:
             problems.append(
@@ -177,7 +190,25 @@ def check_file(path: Path) -> list[str]:
             problems.append(
                 f"M={key}: BLOCK_SIZE_K {cfg['BLOCK_SIZE_K']} does not divide the block's {block_k}"
             )
-    return problems
+        else:
+            good[key] = cfg
+    return problems, good
+
+
+def check_file(path: Path) -> list[str]:
+    """What is wrong with a config file for SGLang's lookup and kernel (empty: nothing): a `triton_<version>`
+    folder, SGLang's file-name pattern, integer batch sizes, each entry with the four block keys (tiles powers of
+    two >= 16, BLOCK_SIZE_K dividing the quantisation block's k) and otherwise only Triton launch options and
+    SGLang's `USE_TMA` flag."""
+    problems, m, entries = read_file(path, _FILE_NAME)
+    if entries is None:
+        return problems
+    if not set(BLOCK_KEYS) <= kernel_params():
+        problems.append(
+            f"SGLang's fused_moe_kernel takes none of {sorted(set(BLOCK_KEYS) - kernel_params())}"
+        )
+    block_k = int(m.group(6)) if m.group(6) else 0
+    return problems + check_entries(entries, block_k, RUNNER_KEYS, RUNNER_KEYS, _POW2_KEYS)[0]
 
 
 def shipped_files(root: Path | None = None) -> list[Path]:
