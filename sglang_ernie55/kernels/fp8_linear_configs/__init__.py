@@ -46,7 +46,6 @@ def around_get_w8a8_block_fp8_configs(original, N, K, block_n, block_k):
 
 @functools.cache
 def _resolve(original, N, K, block_n, block_k):
-    import triton
     from sglang.kernels.ops.gemm import fp8_kernel
 
     # a tuned file picks a config per batch size: results then depend on the batch, which deterministic
@@ -54,21 +53,10 @@ def _resolve(original, N, K, block_n, block_k):
     if not moe_configs._serving_ernie55() or moe_configs._deterministic():
         return original(N, K, block_n, block_k)
     name = file_name(N, K, fp8_kernel.get_device_name(), (block_n, block_k))
-    path = moe_configs.find(name, triton.__version__, root=CONFIG_DIR)
-    if path is None:
-        return original(N, K, block_n, block_k)
-    if path.parent.name == moe_configs.version_dir(triton.__version__):
-        logger.info("ERNIE-5.5: using the block-FP8 GEMM config %s", path)
-    else:
-        logger.warning(
-            "ERNIE-5.5: no block-FP8 GEMM config %s for Triton %s; using the one tuned under %s (%s). Re-tune "
-            "with benchmarks/tune_fused_moe.py --kernel linear for the best speed",
-            name,
-            triton.__version__,
-            path.parent.name,
-            path,
-        )
-    return moe_configs.load(path)
+    found = moe_configs.load_tuned(
+        name, CONFIG_DIR, "block-FP8 GEMM", "benchmarks/tune_fused_moe.py --kernel linear", logger
+    )
+    return original(N, K, block_n, block_k) if found is None else found
 
 
 def kernel_params(hopper: bool) -> set[str]:

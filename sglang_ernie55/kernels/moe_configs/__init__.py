@@ -97,7 +97,6 @@ def around_get_moe_configs(
 
 @functools.cache
 def _resolve(original, E, N, dtype, block_n, block_k, per_channel_quant, down_moe):
-    import triton
     from sglang.srt.layers.moe.moe_runner.triton_utils import fused_moe_triton_config as fmc
 
     def theirs():
@@ -106,19 +105,30 @@ def _resolve(original, E, N, dtype, block_n, block_k, per_channel_quant, down_mo
     if not _serving_ernie55() or _deterministic():
         return theirs()
     name = fmc.get_config_file_name(E, N, dtype, [block_n, block_k], per_channel_quant, down_moe=down_moe)
-    path = find(name, triton.__version__)
+    found = load_tuned(name, CONFIG_DIR, "MoE kernel", "benchmarks/tune_fused_moe.py", logger)
+    return theirs() if found is None else found
+
+
+def load_tuned(name: str, root: Path, what: str, tuner: str, log: logging.Logger) -> dict | None:
+    """The file `name` under `root` (`find`), loaded as SGLang loads one, saying which one is used (with a
+    warning when it was tuned under another Triton); None without one."""
+    import triton
+
+    path = find(name, triton.__version__, root)
     if path is None:
-        return theirs()
+        return None
     if path.parent.name == version_dir(triton.__version__):
-        logger.info("ERNIE-5.5: using the MoE kernel config %s", path)
+        log.info("ERNIE-5.5: using the %s config %s", what, path)
     else:
-        logger.warning(
-            "ERNIE-5.5: no MoE kernel config %s for Triton %s; using the one tuned under %s (%s). Re-tune with "
-            "benchmarks/tune_fused_moe.py for the best speed",
+        log.warning(
+            "ERNIE-5.5: no %s config %s for Triton %s; using the one tuned under %s (%s). Re-tune with %s for "
+            "the best speed",
+            what,
             name,
             triton.__version__,
             path.parent.name,
             path,
+            tuner,
         )
     return load(path)
 
