@@ -14,9 +14,9 @@ from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 
 from ..configuration import LAYER_HCA
 from ..mem_cache.draft_pool import EchoDraftKVPool
-from . import BACKEND_NAME
+from . import BACKEND_NAME, torch_path
 from .interface import LayerInputs
-from .torch_path import masked_sink_attention
+from .torch_path import masked_sink_attention, read_cost
 
 logger = logging.getLogger(__name__)
 
@@ -121,8 +121,24 @@ class EchoDraftAttnBackend(AttentionBackend):
         rows = self.pool.check_layer(layer.layer_id)
         k = k.reshape(k.shape[0], -1)
         rows.write(self.pool.window_loc(fb.out_cache_loc), k)
-        T, W = q.shape[0], self.W
+        T = q.shape[0]
         req, pos = self._rows(T, fb), fb.positions
+        dv = k.shape[-1] if self.kind == LAYER_HCA else layer.v_head_dim
+        step = window_row_chunk(self.W, q.shape[1], k.shape[-1], dv, read_cost(rows))
+        if T <= step:
+            return self._window_rows(q, req, pos, rows, layer, inputs)
+        # a prefill draft-extend has up to --chunked-prefill-size rows: whole, its gathered windows and
+        # softmax terms take several GB beside a pool sized by SGLang's defaults (they ran out of memory on an
+        # H100 under a shared-prefix workload), so rows go in slices of a fixed transient size
+        out = torch.empty(T, q.shape[1], dv, dtype=torch.float32, device=q.device)
+        for s in range(0, T, step):
+            e = min(T, s + step)
+            out[s:e] = self._window_rows(q[s:e], req[s:e], pos[s:e], rows, layer, inputs)
+        return out
+
+    def _window_rows(self, q, req, pos, rows, layer, inputs: LayerInputs):
+        """Window attention of query rows q [R, h, c] of requests `req` at positions `pos` -> [R, h, dv] fp32."""
+        W = self.W
         wpos = pos[:, None] - (W - 1) + torch.arange(W, device=q.device)
         mask = wpos >= 0
         keys = rows.read(self.pool.window_loc(self.req_to_token[req[:, None].long(), wpos.clamp(min=0)]))
@@ -130,6 +146,15 @@ class EchoDraftAttnBackend(AttentionBackend):
             return masked_sink_attention(q, keys, keys, mask, inputs.sink, layer.scaling)
         r = layer.v_head_dim
         return masked_sink_attention(q, keys, keys[..., :r], mask, None, layer.scaling)
+
+
+def window_row_chunk(W: int, heads: int, width: int, dv: int, read_bytes: int) -> int:
+    """Query rows per slice of the draft's window attention so that one slice's transient tensors stay within
+    `torch_path.CHUNK_BYTES`: per row, W gathered keys (`read_bytes` each while gathered, then the fp32 key
+    and its masked copy, the masked value) with their fp32 logits and probabilities per head, and the
+    online-softmax terms per head (accumulator, product, rescaled sum)."""
+    per_row = W * (read_bytes + 4 * (2 * width + dv) + 3 * 4 * heads) + 3 * 4 * heads * dv
+    return max(1, torch_path.CHUNK_BYTES // per_row)
 
 
 class EchoMultiStepDraftBackend:

@@ -338,3 +338,105 @@ def test_chunked_draft_extend_equals_whole(setup, swa):
     want = ref.echo_forward(S, T).logits
     torch.testing.assert_close(torch.cat([first[7:], second]), want, rtol=2e-4, atol=2e-4)
     torch.testing.assert_close(first[:7], ref.echo_forward(S2, T2).logits, rtol=2e-4, atol=2e-4)
+
+
+def test_long_draft_extend_in_row_slices_equals_reference(setup, monkeypatch):
+    """A draft-extend longer than one row slice of the window attention (slices shrunk to 16 rows here; a
+    prefill chunk of SGLang's default size takes several slices at full width) runs in slices and still gives
+    the reference's `echo_forward` logits and streams for every row of both ragged requests."""
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    from sglang_ernie55.attention import draft_backend
+
+    cfg, ref, _, draft = setup
+    sess = DraftSession(draft, cfg)
+    calls = []
+    real = draft_backend.EchoDraftAttnBackend._window_rows
+
+    def counted(self, q, *a, **k):
+        calls.append(q.shape[0])
+        return real(self, q, *a, **k)
+
+    monkeypatch.setattr(draft_backend.EchoDraftAttnBackend, "_window_rows", counted)
+    monkeypatch.setattr(draft_backend, "window_row_chunk", lambda *a: 16)
+    g = torch.Generator().manual_seed(21)
+    lens = {1: 150, 3: 41}
+    data = {
+        r: (
+            torch.randn(n, cfg.hc_mult, cfg.hidden_size, generator=g),
+            torch.randint(0, cfg.vocab_size, (n,), generator=g),
+        )
+        for r, n in lens.items()
+    }
+    reqs = [r for r, n in lens.items() for _ in range(n)]
+    pos = [p for n in lens.values() for p in range(n)]
+    toks = torch.cat([data[r][1] for r in lens])
+    streams = torch.cat([data[r][0] for r in lens])
+    logits, R = sess.run(ForwardMode.EXTEND, reqs, pos, toks, streams, ragged=list(lens.values()))
+    assert calls == [16] * (191 // 16) + [191 % 16]
+    off = 0
+    for r, n in lens.items():
+        want = ref.echo_forward(*data[r])
+        torch.testing.assert_close(logits[off : off + n], want.logits, rtol=2e-4, atol=2e-4)
+        torch.testing.assert_close(R[off : off + n], want.streams, rtol=2e-4, atol=2e-4)
+        off += n
+
+
+def window_attention_full_width(device: str, T: int, kind: str):
+    """The draft backend's window attention at the full-width geometry (fp8 rows, window 128) over T prompt rows
+    of one request: (sliced output, the same rows unsliced (first 256 rows), peak bytes of the sliced call above
+    its inputs on CUDA, else None, the slice size)."""
+    from sglang_ernie55.attention import draft_backend
+    from sglang_ernie55.configuration import Ernie55Config
+    from sglang_ernie55.mem_cache.draft_pool import EchoDraftKVPool
+
+    cfg = Ernie55Config(num_hidden_layers=2, layer_types=["hca", kind])
+    ctx = -(-T // PAGE) * PAGE
+    pool = EchoDraftKVPool(ctx + PAGE, PAGE, torch.float8_e4m3fn, cfg, device=device)
+    req_to_token = torch.arange(PAGE, PAGE + ctx, dtype=torch.int32, device=device)[None]
+    runner = SimpleNamespace(
+        token_to_kv_pool=pool,
+        model_config=SimpleNamespace(hf_config=cfg),
+        req_to_token_pool=SimpleNamespace(req_to_token=req_to_token),
+    )
+    backend = draft_backend.EchoDraftAttnBackend(runner)
+    g = torch.Generator(device=device).manual_seed(5)
+    if kind == "hca":
+        h, c, dv = cfg.num_attention_heads, cfg.head_dim, cfg.head_dim
+    else:
+        h, c, dv = cfg.num_attention_heads, cfg.kv_lora_rank + cfg.qk_rope_head_dim, cfg.kv_lora_rank
+    layer = SimpleNamespace(layer_id=pool.layer_id, scaling=c**-0.5, v_head_dim=dv)
+    inputs = SimpleNamespace(sink=torch.randn(h, generator=g, device=device) if kind == "hca" else None)
+    q = torch.randn(T, h, c, generator=g, device=device, dtype=torch.bfloat16)
+    k = torch.randn(T, 1, c, generator=g, device=device, dtype=torch.bfloat16)
+    pos = torch.arange(T, device=device)
+    fb = SimpleNamespace(
+        forward_mode=SimpleNamespace(is_extend=lambda: True, is_target_verify=lambda: False),
+        extend_seq_lens_cpu=[T],
+        req_pool_indices=torch.zeros(1, dtype=torch.int64, device=device),
+        positions=pos,
+        out_cache_loc=req_to_token[0, :T].long(),
+    )
+    backend.init_forward_metadata(fb)
+    peak = None
+    if device == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+    out = backend._window_attention(q, k, layer, fb, inputs)
+    if device == "cuda":
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated() - base
+    n = min(T, 256)
+    whole = backend._window_rows(q[:n], backend._rows(T, fb)[:n], pos[:n], pool.rows, layer, inputs)
+    step = draft_backend.window_row_chunk(cfg.window_size, h, c, dv, draft_backend.read_cost(pool.rows))
+    return out, whole, peak, step
+
+
+@pytest.mark.parametrize("kind", ["hca", "mla_dsa"])
+def test_full_width_draft_window_in_slices_equals_whole(kind):
+    """At the full-width geometry the window attention of a 600-row prompt runs in several row slices, and its
+    first rows equal the same rows computed in one piece (the rows are independent)."""
+    out, whole, _, step = window_attention_full_width("cpu", 600, kind)
+    assert step < 600
+    torch.testing.assert_close(out[: whole.shape[0]], whole, rtol=1e-6, atol=1e-6)
