@@ -106,6 +106,15 @@ def test_table_has_a_row_per_run():
     assert "| - | - | 40.0 | 3.0 |" in bsv.table([long])
 
 
+def test_one_token_ttft_is_the_end_to_end_latency():
+    """A one-token answer whose text is empty leaves SGLang's client TTFT at 0 (seen on the GPU with random
+    weights): the long-prompt row then reads the end-to-end latency, the client's figure kept beside it."""
+    res = dict(median_ttft_ms=0.0, median_e2e_latency_ms=405.9, p99_e2e_latency_ms=406.5)
+    assert bsv.one_token_ttft(res) == dict(client_median_ttft_ms=0.0, median_ttft_ms=405.9, p99_ttft_ms=406.5)
+    args = bsv.workloads(bsv.parse_args(["--cpu-smoke"]))
+    assert all("--flush-cache" in r["args"] for r in args if r["workload"] != "shared-prefix")
+
+
 def test_prefill_flops_count_every_matrix_and_each_positions_attention(tiny_fp8):
     """The Linears' FLOPs are 2 x T x each stored matrix (experts at k/E, the LM head once, no embedding, ECHO
     layer or scales), read here from the shards themselves; one more prompt token adds those per-token FLOPs and
