@@ -17,6 +17,11 @@ Workloads, each as one `sglang.benchmark.serving` run against each server:
   token each (the `base` server only): time to first token under the server's own chunked prefill, read as
   each request's end-to-end latency (`one_token_ttft`).
 
+  After the long-prompt run, one more long prompt runs under SGLang's own profiler (`/start_profile`): its
+  kernels are attributed to the model's named ranges (bench_step's parser; the `base` server starts with
+  SGLANG_ERNIE55_PROFILE_RANGES=1, which leaves CUDA-graph decode steps unchanged) and printed as time per
+  component beside the end-to-end latency (`--no-prefill-profile` skips it).
+
   The random and long-prompt runs flush the server's radix cache after the client's warm-up request (SGLang's
   `--flush-cache`), which repeats the first prompt: otherwise that prompt's prefill is a cache hit.
 
@@ -106,6 +111,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--long-len", type=int, default=None, help="long-prompt tokens (default 32768; smoke 300)")
     p.add_argument("--long-prompts", type=int, default=None, help="long prompts, one at a time (3; smoke 2)")
     p.add_argument("--no-long-prompt", action="store_true", help="skip the long-prompt (TTFT) workload")
+    p.add_argument(
+        "--no-prefill-profile",
+        action="store_true",
+        help="skip the one profiled long prompt after the long-prompt workload (its time per component)",
+    )
     p.add_argument("--gsp-groups", type=int, default=None, help="shared-prefix groups (default 8; smoke 2)")
     p.add_argument("--gsp-prompts", type=int, default=None, help="prompts per group (default 8; smoke 2)")
     p.add_argument("--gsp-system-len", type=int, default=None, help="shared prefix tokens (2048; smoke 300)")
@@ -406,6 +416,97 @@ def client_env(out: Path) -> dict:
     return env
 
 
+PROFILE_DIR = "prefill-profile"
+
+
+def profile_prefill(url: str, ckpt: Path, tokens: int, out: Path, device: str) -> dict:
+    """One more prompt of `tokens` random ids (one output token, an empty radix cache) under SGLang's own
+    profiler (`/start_profile`, `/stop_profile`, the trace written by the scheduler into --out/prefill-profile),
+    its kernels attributed to the model's named ranges by bench_step's parser: the whole trace is one step, so
+    `span_ms` runs from the first kernel's start to the last one's end (on the CPU: the scheduler's top-level ops),
+    `gaps_ms` is the device idle inside it, and `e2e_ms` is the request's latency seen by this client."""
+    import gzip
+    import random
+
+    import requests
+
+    from benchmarks import bench_step
+
+    d = out / PROFILE_DIR
+    d.mkdir(parents=True, exist_ok=True)
+    for old in d.glob("*.trace.json.gz"):
+        old.unlink()
+    vocab = json.loads((ckpt / "config.json").read_text())["vocab_size"]
+    rng = random.Random(tokens)
+    ids = [rng.randrange(vocab) for _ in range(tokens)]
+    requests.post(url + "/flush_cache", timeout=60).raise_for_status()
+    spec = dict(
+        output_dir=str(d),
+        activities=["CPU", "GPU"] if device == "cuda" else ["CPU"],
+        with_stack=False,
+        record_shapes=False,
+    )
+    requests.post(url + "/start_profile", json=spec, timeout=120).raise_for_status()
+    t = time.monotonic()
+    r = requests.post(
+        url + "/generate",
+        json=dict(input_ids=ids, sampling_params=dict(max_new_tokens=1, temperature=0.0)),
+        timeout=1800,
+    )
+    e2e_ms = (time.monotonic() - t) * 1e3
+    r.raise_for_status()
+    requests.post(url + "/stop_profile", timeout=600).raise_for_status()
+    deadline = time.monotonic() + 300
+    traces: list[Path] = []
+    while not traces and time.monotonic() < deadline:  # the scheduler writes it after answering
+        traces = sorted(d.glob("*.trace.json.gz"))
+        time.sleep(1)
+    if not traces:
+        raise RuntimeError(f"SGLang's profiler wrote no trace under {d}")
+    time.sleep(2)  # a trace file still being written
+    trace = json.loads(gzip.open(traces[-1]).read())
+    _, items, on_device = bench_step.work_items(trace)
+    if on_device:
+        t0, t1 = min(w.start for w in items), max(w.start + w.dur for w in items)
+    else:
+        t0, t1 = min(w.launch for w in items), max(w.start + w.dur for w in items)
+    summary = bench_step.summarize([items], [dict(ts=t0, dur=t1 - t0)], on_device)
+    return dict(
+        tokens=tokens,
+        e2e_ms=e2e_ms,
+        device=on_device,
+        trace=str(traces[-1].relative_to(out)),
+        **{k: summary[k] for k in ("span_ms", "busy_ms", "gaps_ms", "components", "items_per_component")},
+        top_kernels=summary["top_kernels"],
+    )
+
+
+def profile_table(p: dict, floor_ms: float | None) -> str:
+    """The profiled long prompt: time per component (bench_step's rows) against its end-to-end latency."""
+    from benchmarks.bench_step import COMPONENTS
+
+    what = "kernels" if p["device"] else "host ops"
+    lines = [
+        f"Prefill profile, one prompt of {p['tokens']} tokens (SGLang's profiler; `{p['trace']}`): end to end "
+        f"{p['e2e_ms']:.1f} ms; {'device' if p['device'] else 'host'} span {p['span_ms']:.1f} ms, busy "
+        f"{p['busy_ms']:.1f} ms, idle {p['gaps_ms']:.1f} ms"
+        + (f"; prefill FLOP floor {floor_ms:.1f} ms" if floor_ms else ""),
+        "",
+        f"| component | {what} | ms | % of busy | top {what} (ms) |",
+        "| --- | ---: | ---: | ---: | --- |",
+    ]
+    busy = p["busy_ms"] or 1.0
+    for key, label, _ in COMPONENTS:
+        ms = p["components"].get(key, 0.0)
+        if not ms:
+            continue
+        top = ", ".join(f"{n[:48]} {v:.2f}" for n, v in p["top_kernels"].get(key, [])[:3])
+        lines.append(
+            f"| {label} | {p['items_per_component'][key]:.0f} | {ms:.2f} | {100 * ms / busy:.1f} | {top} |"
+        )
+    return "\n".join(lines)
+
+
 def one_token_ttft(res: dict) -> dict:
     """TTFT of a run whose requests generate one token: its end-to-end latency (the answer is that token).
     SGLang's client starts its TTFT clock only at the first chunk with non-empty text, which a single random
@@ -482,7 +583,12 @@ def main(argv=None) -> int:
         cmd = demo.server_command(ckpt, port, device == "cpu", server_flags(a, config))
         log_path = out / f"server-{config}.log"
         say(t0, f"[{config}] starting: {' '.join(cmd[2:])}")
+        profiling = config == "base" and not (a.no_long_prompt or a.no_prefill_profile)
+        # the model's named ranges (read at import in the scheduler process): eager forwards open a range per
+        # component, CUDA-graph replays run none, so decode steps are unchanged
+        os.environ["SGLANG_ERNIE55_PROFILE_RANGES"] = "1" if profiling else "0"
         server = demo.Server(cmd, log_path)
+        os.environ.pop("SGLANG_ERNIE55_PROFILE_RANGES")
         clock = _progress_clock(t0)
         try:
             demo._wait_ready(server, f"http://127.0.0.1:{port}", a.start_timeout, clock)
@@ -523,6 +629,11 @@ def main(argv=None) -> int:
                     row["prefill_flops"] = prefill_flops(ckpt, a.long_len)
                     row["prefill_flop_floor_ms"] = flop_floor_ms(row["prefill_flops"], rates)
                     row["gemm_flops_per_s"] = rates
+                    if profiling:
+                        say(t0, f"[{config}] one more long prompt under SGLang's profiler")
+                        row["prefill_profile"] = profile_prefill(
+                            f"http://127.0.0.1:{port}", ckpt, a.long_len, out, device
+                        )
                 rows.append(row)
                 with open(out / RESULT_FILE, "a") as f:
                     f.write(json.dumps(row) + "\n")
@@ -538,7 +649,12 @@ def main(argv=None) -> int:
             print(failed, flush=True)
         finally:
             say(t0, f"[{config}] server {server.stop()}")
-    text = table(rows) + ("\n\nNot run: " + "; ".join(skipped) if skipped else "")
+    text = table(rows) + "".join(
+        "\n\n" + profile_table(r["prefill_profile"], r.get("prefill_flop_floor_ms"))
+        for r in rows
+        if r.get("prefill_profile")
+    )
+    text += "\n\nNot run: " + "; ".join(skipped) if skipped else ""
     (out / TABLE_FILE).write_text(text + "\n")
     print(text, flush=True)
     if failed:

@@ -198,7 +198,12 @@ def test_cpu_smoke(tmp_path):
         assert r["output_throughput"] > 0 and r["median_ttft_ms"] > 0, r
     assert rows[0]["roofline_tok_s"] > 0 and rows[0]["step_weight_bytes"] > 0
     assert rows[2]["prefill_tokens"] == 300 and rows[2]["prefill_flop_floor_ms"] > 0
+    prof = rows[2]["prefill_profile"]  # the profiled prompt: the model's ranges reached SGLang's trace
+    assert prof["e2e_ms"] > 0 and prof["busy_ms"] > 0 and (out / prof["trace"]).is_file(), prof
+    assert prof["components"]["hca"] > 0 and prof["components"]["moe.experts"] > 0, prof
+    assert all("prefill_profile" not in r for r in rows if r["workload"] != "long-prompt")
     assert "ECHO draft attached:" in (out / "server-echo-exact.log").read_text()
     assert (tmp_path / "work" / "tiny-echo-exact" / "echo_exact.json").is_file()
     md = (out / bsv.TABLE_FILE).read_text()
     assert md.count("| base |") == 3 and md.count("| echo-exact x2 |") == 2, md
+    assert "Prefill profile, one prompt of 300 tokens" in md and "| HCA attention + compression |" in md, md
