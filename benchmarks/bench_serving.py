@@ -138,7 +138,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="start no new server or run after this many seconds (0: no limit); what ran is written",
     )
     p.add_argument("--out", default=os.environ.get("OUT") or "bench_serving_out", help="output folder")
-    p.add_argument("--work", default="/tmp/bench_serving", help="folder for the checkpoints written")
+    p.add_argument(
+        "--work",
+        default=os.environ.get("ERNIE55_BENCH_WORK", "/tmp/ernie55-bench"),
+        help="folder for the checkpoints written, shared with bench_step.py (default $ERNIE55_BENCH_WORK, else "
+        "/tmp/ernie55-bench): a checkpoint already there from the same recipe is reused",
+    )
     p.add_argument("--table", nargs="+", metavar="JSONL", help="only print the table of these result files")
     a = p.parse_args(argv)
     smoke = a.cpu_smoke
@@ -269,17 +274,26 @@ def make_checkpoints(a, t0: float) -> dict[str, Path]:
     work = Path(a.work)
     work.mkdir(parents=True, exist_ok=True)
     out = {}
+    note = lambda m: say(t0, "  " + m)  # noqa: E731
     if a.checkpoint:
         base = Path(a.checkpoint)
     else:
+        # reused when an earlier run (this one's or bench_step's, same --work) wrote the same one
         base = work / ("tiny" if a.cpu_smoke else f"fw{a.layers}-{a.weights}")
-        say(t0, f"writing the random checkpoint {base}")
+        say(t0, f"the random checkpoint {base}")
         if a.cpu_smoke:
-            make_checkpoint(base, preset="tiny", dtype="bf16", force=True)
+            make_checkpoint(base, preset="tiny", dtype="bf16", force=True, reuse=True, progress=note)
         else:
             device = "cuda" if torch.cuda.is_available() else "cpu"
             make_checkpoint(
-                base, preset="full-width", layers=a.layers, dtype=a.weights, device=device, force=True
+                base,
+                preset="full-width",
+                layers=a.layers,
+                dtype=a.weights,
+                device=device,
+                force=True,
+                reuse=True,
+                progress=note,
             )
             if device == "cuda":
                 torch.cuda.empty_cache()
@@ -287,10 +301,23 @@ def make_checkpoints(a, t0: float) -> dict[str, Path]:
         out["base"] = out["echo"] = base
     if "echo-exact" in a.configs:
         exact = work / f"{base.name}-echo-exact"
-        say(t0, f"writing its ECHO-exact copy {exact}")
-        echo_exact_copy(base, exact, force=True, progress=lambda m: say(t0, "  " + m))
+        if exact_is_current(base, exact):
+            say(t0, f"reusing its ECHO-exact copy {exact} (made from this very checkpoint)")
+        else:
+            say(t0, f"writing its ECHO-exact copy {exact}")
+            echo_exact_copy(base, exact, force=True, progress=note)
         out["echo-exact"] = exact
     return out
+
+
+def exact_is_current(base: Path, exact: Path) -> bool:
+    """The ECHO-exact copy at `exact` was made from the random checkpoint now at `base`: both complete, and the
+    copy newer than the base's recipe (a base written again since is newer). A base without a recipe (a
+    --checkpoint of the user's) is always copied again."""
+    from sglang_ernie55.checkpoint.tiny import RECIPE_FILE
+
+    recipe, made = base / RECIPE_FILE, exact / "echo_exact.json"
+    return recipe.is_file() and made.is_file() and made.stat().st_mtime > recipe.stat().st_mtime
 
 
 def server_flags(a, config: str) -> list[str]:

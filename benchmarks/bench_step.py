@@ -928,10 +928,18 @@ def make_ckpt(a, device: str, work: Path) -> Path:
         if a.checkpoint
         else work / ("tiny" if a.cpu_smoke else f"fw{a.layers}-{a.weights}")
     )
+    note = lambda m: print(f"[checkpoint] {m}", flush=True)  # noqa: E731
     if a.cpu_smoke:
-        return make_checkpoint(target, preset="tiny", dtype="bf16", force=True)
+        return make_checkpoint(target, preset="tiny", dtype="bf16", force=True, reuse=True, progress=note)
     path = make_checkpoint(
-        target, preset="full-width", layers=a.layers, dtype=a.weights, device=device, force=True
+        target,
+        preset="full-width",
+        layers=a.layers,
+        dtype=a.weights,
+        device=device,
+        force=True,
+        reuse=True,
+        progress=note,
     )
     torch.cuda.empty_cache()
     return path
@@ -948,7 +956,10 @@ def main(argv=None) -> int:
 
     profiling.ENABLED = True
     out = Path(a.out or os.environ.get("OUT") or "bench_step_out")
-    work = Path(os.environ.get("BENCH_STEP_WORK", "/tmp/bench_step"))
+    # shared with bench_serving.py: a checkpoint one of them wrote is reused by the other
+    work = Path(
+        os.environ.get("BENCH_STEP_WORK") or os.environ.get("ERNIE55_BENCH_WORK", "/tmp/ernie55-bench")
+    )
     work.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(0)
 

@@ -207,3 +207,20 @@ def test_cpu_smoke(tmp_path):
     md = (out / bsv.TABLE_FILE).read_text()
     assert md.count("| base |") == 3 and md.count("| echo-exact x2 |") == 2, md
     assert "Prefill profile, one prompt of 300 tokens" in md and "| HCA attention + compression |" in md, md
+
+
+def test_echo_exact_copy_is_reused_only_for_its_own_base(tmp_path):
+    """The ECHO-exact copy is current for the random checkpoint it was made from, and stale once that checkpoint
+    is written again (another seed); a base without a recipe (a user's checkpoint) is always copied again."""
+    from sglang_ernie55.checkpoint.tiny import RECIPE_FILE, make_checkpoint
+    from sglang_ernie55.reference.echo import echo_exact_copy
+
+    base, exact = tmp_path / "tiny", tmp_path / "tiny-echo-exact"
+    make_checkpoint(base, dtype="bf16", force=True, reuse=True)
+    assert not bsv.exact_is_current(base, exact)
+    echo_exact_copy(base, exact, force=True)
+    assert bsv.exact_is_current(base, exact) and not (exact / RECIPE_FILE).exists()
+    make_checkpoint(base, dtype="bf16", seed=2, force=True, reuse=True)
+    assert not bsv.exact_is_current(base, exact)
+    (base / RECIPE_FILE).unlink()
+    assert not bsv.exact_is_current(base, exact)

@@ -142,3 +142,53 @@ def test_sglang_model_config_resolves_our_class(made):
     cls, arch = ModelRegistry.resolve_model_cls(mc.hf_config.architectures)
     assert arch == ARCH_MAIN
     assert f"{cls.__module__}.{cls.__qualname__}" == "sglang_ernie55.models.ernie55.Ernie5_5_MoeForCausalLM"
+
+
+def test_reuse_returns_the_same_recipe_and_rewrites_another(tmp_path):
+    """`make_checkpoint(reuse=True)` writes once and returns that checkpoint untouched for the same preset,
+    format and seed (no shard rewritten), and writes again for another seed or format; a checkpoint made
+    without `reuse` (no recipe) is never taken for one."""
+    from sglang_ernie55.checkpoint.tiny import RECIPE_FILE, make_checkpoint
+
+    out = tmp_path / "ck"
+    said = []
+    make_checkpoint(out, dtype="bf16", force=True, reuse=True, progress=said.append)
+    shards = {f.name: f.stat().st_mtime_ns for f in out.glob("*.safetensors")}
+    assert shards and (out / RECIPE_FILE).is_file()
+    said.clear()
+    assert make_checkpoint(out, dtype="bf16", force=True, reuse=True, progress=said.append) == out
+    assert said and said[0].startswith("reusing") and len(said) == 1, said
+    assert {f.name: f.stat().st_mtime_ns for f in out.glob("*.safetensors")} == shards
+    before = load_checkpoint(out)[1]
+    make_checkpoint(out, dtype="bf16", seed=1, force=True, reuse=True)  # another seed: written again
+    assert not torch.equal(load_checkpoint(out)[1]["lm_head.weight"], before["lm_head.weight"])
+    make_checkpoint(out, dtype="fp8", seed=1, force=True, reuse=True)  # another format: written again
+    assert json.loads((out / "config.json").read_text())["quantization_config"] == FP8_QUANTIZATION_CONFIG
+    plain = tmp_path / "plain"
+    make_checkpoint(plain, dtype="bf16")
+    assert not (plain / RECIPE_FILE).exists()
+    said.clear()
+    make_checkpoint(plain, dtype="bf16", force=True, reuse=True, progress=said.append)
+    assert not any(m.startswith("reusing") for m in said) and (plain / RECIPE_FILE).is_file()
+
+
+def test_a_checkpoint_that_does_not_fit_is_refused_before_writing(tmp_path, monkeypatch):
+    """With too little free space the writer refuses before creating anything, naming the folder, the bytes it
+    needs and the bytes free; an existing checkpoint there is left as it was."""
+    import shutil
+
+    from sglang_ernie55.checkpoint import writer
+    from sglang_ernie55.checkpoint.tiny import make_checkpoint, preset_config
+
+    out = tmp_path / "ck"
+    make_checkpoint(out, dtype="bf16")
+    files = sorted(p.name for p in tmp_path.rglob("*"))
+    need = writer.stored_bytes(preset_config("tiny"), "bf16")
+    on_disk = sum(f.stat().st_size for f in out.glob("*.safetensors"))
+    assert need <= on_disk < need + 64 * 1024  # the tensors plus the shards' headers
+    real = shutil.disk_usage
+    monkeypatch.setattr(writer.shutil, "disk_usage", lambda p: real(p)._replace(free=need // 2))
+    with pytest.raises(OSError, match=r"needs about .* GB and .* has 0\.0 GB free") as e:
+        make_checkpoint(out, dtype="bf16", seed=3, force=True)
+    assert str(out) in str(e.value)
+    assert sorted(p.name for p in tmp_path.rglob("*")) == files  # no staging folder left, nothing replaced

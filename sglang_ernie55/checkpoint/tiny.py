@@ -7,17 +7,20 @@ model and the checkpoint hold bitwise the same BF16 weights. `full-width`: the r
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
 
 from ..configuration import LAYER_HCA, LAYER_MLA_DSA, Ernie55Config, tiny_config
-from .writer import ProgressFn, write_checkpoint
+from .writer import ProgressFn, config_json, write_checkpoint
 
 PRESETS = ("tiny", "full-width")
 INITS = ("reference", "spec")
 DEFAULT_SHARD_SIZE = {"tiny": "4MB", "full-width": "2GB"}
 DEFAULT_INIT = {"tiny": "reference", "full-width": "spec"}
+# written beside a checkpoint made with `reuse`: what made it, so that a later call asking for the same reuses it
+RECIPE_FILE = "random_checkpoint.json"
 
 
 def preset_layer_types(num_layers: int) -> list[str]:
@@ -61,11 +64,16 @@ def make_checkpoint(
     force: bool = False,
     progress: ProgressFn | None = None,
     config: Ernie55Config | None = None,
+    reuse: bool = False,
 ) -> Path:
     """Write a random checkpoint of `preset` in format `dtype` (bf16 | fp8) to `out`; returns the path.
 
     `config`: any geometry in place of the preset's (e.g. `tiny_config(window_size=64, ...)`); the preset
-    then only picks the defaults of `init` and the shard size, and `layers` must be left out."""
+    then only picks the defaults of `init` and the shard size, and `layers` must be left out.
+    `reuse`: a checkpoint at `out` written earlier with `reuse` from the same geometry, format, seed, init and
+    device kind is returned as it is (its `random_checkpoint.json` says so); otherwise it is written (replacing
+    one there only with `force`) and that file is added. A full-width checkpoint is tens of GB: benchmarks
+    that run one after the other then share one."""
     if config is not None and layers is not None:
         raise ValueError("give either `config` or `layers` (the config already fixes the layer stack)")
     config = preset_config(preset, layers) if config is None else config
@@ -77,13 +85,30 @@ def make_checkpoint(
             f"--init reference builds the whole {preset} model in host memory (fp32 first); "
             "use --init spec, which streams tensor by tensor"
         )
+    recipe = json.loads(
+        json.dumps(
+            dict(
+                preset=preset,
+                dtype=dtype,
+                seed=seed,
+                init=init,
+                device=torch.device(device).type,
+                config=config_json(config, dtype),
+            )
+        )
+    )
+    target = Path(out).absolute()
+    if reuse and (target / "config.json").is_file() and _read_recipe(target) == recipe:
+        if progress is not None:
+            progress(f"reusing {target}: written earlier from the same geometry, format, seed and init")
+        return target
     if init == "reference":
         tensors = reference_model(config, seed).state_dict()
     else:
         from .random_init import iter_random_tensors
 
         tensors = iter_random_tensors(config, seed, device=device)
-    return write_checkpoint(
+    path = write_checkpoint(
         out,
         config,
         tensors,
@@ -92,3 +117,13 @@ def make_checkpoint(
         force=force,
         progress=progress,
     )
+    if reuse:
+        (path / RECIPE_FILE).write_text(json.dumps(recipe, indent=1) + "\n")
+    return path
+
+
+def _read_recipe(path: Path) -> dict | None:
+    try:
+        return json.loads((path / RECIPE_FILE).read_text())
+    except (OSError, ValueError):
+        return None

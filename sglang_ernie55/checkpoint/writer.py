@@ -9,8 +9,10 @@ renamed into place at the end, removed on any error).
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
+import math
 import os
 import shutil
 import tempfile
@@ -32,6 +34,7 @@ from .spec import (
     CheckpointError,
     check_tensor_set,
     expected_tensors,
+    stored_tensors,
 )
 
 logger = logging.getLogger(__name__)
@@ -184,6 +187,29 @@ def staged_checkpoint_dir(out: Path, force: bool):
         raise
 
 
+def stored_bytes(config: Ernie55Config, fmt: str) -> int:
+    """Bytes of the tensors a checkpoint of `config` in `fmt` stores (`stored_tensors`: FP8 block scales
+    included; shard headers, config and tokenizer files left out)."""
+    return sum(math.prod(shape) * dtype.itemsize for shape, dtype in stored_tensors(config, fmt).values())
+
+
+def check_free_space(out: Path, need: int) -> None:
+    """Refuse, before anything is written, a checkpoint of `need` bytes that does not fit on `out`'s file
+    system (an existing checkpoint at `out` stays until the new one is complete, so it does not count)."""
+    where = out
+    while not where.exists():
+        where = where.parent
+    free = shutil.disk_usage(where).free
+    margin = 64 << 20  # tokenizer, config, shard headers
+    if free < need + margin:
+        raise OSError(
+            errno.ENOSPC,
+            f"writing the checkpoint {out} needs about {(need + margin) / 1e9:.1f} GB and {where} has "
+            f"{free / 1e9:.1f} GB free (a checkpoint already there is replaced only after the new one is "
+            "complete): remove old checkpoints there or write this one elsewhere",
+        )
+
+
 def write_checkpoint(
     out_dir: str | Path,
     config: Ernie55Config,
@@ -213,6 +239,7 @@ def write_checkpoint(
         state = tensors
         tensors = ((name, state[name]) for name in spec)
     out = Path(out_dir).absolute()
+    check_free_space(out, stored_bytes(config, fmt))
     with staged_checkpoint_dir(out, force) as tmp:
         (tmp / "config.json").write_text(json.dumps(config_json(config, fmt), indent=2) + "\n")
         (tmp / "generation_config.json").write_text(

@@ -170,7 +170,8 @@ def echo_exact_copy(src, dst, *, seed: int = 0, eps: float = 0.02, force: bool =
 
     from ..checkpoint.loader import CheckpointReader
     from ..checkpoint.spec import SCALE_SUFFIX
-    from ..checkpoint.writer import _log, staged_checkpoint_dir, storage_form
+    from ..checkpoint.tiny import RECIPE_FILE
+    from ..checkpoint.writer import _log, check_free_space, staged_checkpoint_dir, storage_form
 
     src, dst = Path(src), Path(dst).absolute()
     reader = CheckpointReader(src, progress)
@@ -201,9 +202,11 @@ def echo_exact_copy(src, dst, *, seed: int = 0, eps: float = 0.02, force: bool =
     missing = [n for n in new if n not in spec]
     if missing or not scaled:
         raise ValueError(f"{src}: no tensor(s) {missing or list(ECHO_EXACT_SCALED)} to build ECHO-exact from")
+    check_free_space(Path(dst).absolute(), sum(f.stat().st_size for f in src.glob("*.safetensors")))
     with staged_checkpoint_dir(dst, force) as tmp:
         for f in src.iterdir():
-            if f.is_file() and f.suffix != ".safetensors":
+            # the random checkpoint's recipe describes the source, not this copy
+            if f.is_file() and f.suffix != ".safetensors" and f.name != RECIPE_FILE:
                 shutil.copy2(f, tmp / f.name)
         # the stored form of every rebuilt tensor (an FP8 weight and its scale are two names, possibly in two
         # shards); h_proj draws after sigma, as in make_echo_exact_
