@@ -268,35 +268,16 @@ def _progress_clock(t0: float):
 def make_checkpoints(a, t0: float) -> dict[str, Path]:
     import torch
 
-    from sglang_ernie55.checkpoint.tiny import make_checkpoint
+    from benchmarks.bench_step import make_ckpt
     from sglang_ernie55.reference.echo import echo_exact_copy
 
     work = Path(a.work)
     work.mkdir(parents=True, exist_ok=True)
     out = {}
     note = lambda m: say(t0, "  " + m)  # noqa: E731
-    if a.checkpoint:
-        base = Path(a.checkpoint)
-    else:
-        # reused when an earlier run (this one's or bench_step's, same --work) wrote the same one
-        base = work / ("tiny" if a.cpu_smoke else f"fw{a.layers}-{a.weights}")
-        say(t0, f"the random checkpoint {base}")
-        if a.cpu_smoke:
-            make_checkpoint(base, preset="tiny", dtype="bf16", force=True, reuse=True, progress=note)
-        else:
-            device = "cuda" if torch.cuda.is_available() else "cpu"
-            make_checkpoint(
-                base,
-                preset="full-width",
-                layers=a.layers,
-                dtype=a.weights,
-                device=device,
-                force=True,
-                reuse=True,
-                progress=note,
-            )
-            if device == "cuda":
-                torch.cuda.empty_cache()
+    say(t0, "the checkpoint served" + ("" if a.checkpoint else f" (random, under {work})"))
+    device = "cuda" if torch.cuda.is_available() and not a.cpu_smoke else "cpu"
+    base = make_ckpt(a, device, work, progress=note)
     if {"base", "echo"} & set(a.configs):
         out["base"] = out["echo"] = base
     if "echo-exact" in a.configs:

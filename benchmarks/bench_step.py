@@ -918,7 +918,11 @@ def parse_args(argv=None):
     return a
 
 
-def make_ckpt(a, device: str, work: Path) -> Path:
+def make_ckpt(a, device: str, work: Path, progress=None) -> Path:
+    """The checkpoint a benchmark serves (`a`: its checkpoint / cpu_smoke / layers / weights arguments): an
+    existing `--checkpoint` as it is; else the random one (tiny on the CPU smoke, the full-width one otherwise)
+    at `--checkpoint` or under `work`, reused when one of the same recipe is already there
+    (`make_checkpoint(reuse=True)`; bench_serving.py shares the folder)."""
     from sglang_ernie55.checkpoint.tiny import make_checkpoint
 
     if a.checkpoint and (Path(a.checkpoint) / "config.json").exists():
@@ -928,7 +932,7 @@ def make_ckpt(a, device: str, work: Path) -> Path:
         if a.checkpoint
         else work / ("tiny" if a.cpu_smoke else f"fw{a.layers}-{a.weights}")
     )
-    note = lambda m: print(f"[checkpoint] {m}", flush=True)  # noqa: E731
+    note = progress or (lambda m: print(f"[checkpoint] {m}", flush=True))
     if a.cpu_smoke:
         return make_checkpoint(target, preset="tiny", dtype="bf16", force=True, reuse=True, progress=note)
     path = make_checkpoint(
@@ -941,7 +945,8 @@ def make_ckpt(a, device: str, work: Path) -> Path:
         reuse=True,
         progress=note,
     )
-    torch.cuda.empty_cache()
+    if device == "cuda":
+        torch.cuda.empty_cache()
     return path
 
 

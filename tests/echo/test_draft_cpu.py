@@ -74,6 +74,26 @@ class DraftSession:
         )
         self.backend = EchoDraftAttnBackend(runner)
 
+    def extend_prompts(self, lens: dict[int, int], seed: int):
+        """One prefill draft-extend (EXTEND, ragged) of a random prompt per request slot (`lens`: slot -> tokens):
+        ({slot: (streams, tokens)}, logits, draft streams) with the rows request after request."""
+        from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+        cfg, g = self.cfg, torch.Generator().manual_seed(seed)
+        data = {
+            r: (
+                torch.randn(n, cfg.hc_mult, cfg.hidden_size, generator=g),
+                torch.randint(0, cfg.vocab_size, (n,), generator=g),
+            )
+            for r, n in lens.items()
+        }
+        reqs = [r for r, n in lens.items() for _ in range(n)]
+        pos = [p for n in lens.values() for p in range(n)]
+        toks = torch.cat([data[r][1] for r in lens])
+        streams = torch.cat([data[r][0] for r in lens])
+        logits, R = self.run(ForwardMode.EXTEND, reqs, pos, toks, streams, ragged=list(lens.values()))
+        return data, logits, R
+
     def run(self, mode, reqs, positions, tokens, streams, ragged=None):
         """One draft forward: rows (reqs[i], positions[i], tokens[i], streams[i]) -> fp32 logits, draft streams."""
         from sglang.srt.model_executor.forward_context import ForwardContext, set_forward_context
@@ -182,20 +202,8 @@ def test_draft_extend_and_chain_equal_reference(setup, swa):
 
     cfg, ref, _, draft = setup
     sess = DraftSession(draft, cfg, swa=swa)
-    g = torch.Generator().manual_seed(0)
     lens = {0: 140, 2: 37}
-    data = {
-        r: (
-            torch.randn(n, cfg.hc_mult, cfg.hidden_size, generator=g),
-            torch.randint(0, cfg.vocab_size, (n,), generator=g),
-        )
-        for r, n in lens.items()
-    }
-    reqs = [r for r, n in lens.items() for _ in range(n)]
-    pos = [p for n in lens.values() for p in range(n)]
-    toks = torch.cat([data[r][1] for r in lens])
-    streams = torch.cat([data[r][0] for r in lens])
-    logits, R = sess.run(ForwardMode.EXTEND, reqs, pos, toks, streams, ragged=list(lens.values()))
+    data, logits, R = sess.extend_prompts(lens, seed=0)
     off, last = 0, {}
     for r, n in lens.items():
         want = ref.echo_forward(*data[r])
@@ -344,7 +352,6 @@ def test_long_draft_extend_in_row_slices_equals_reference(setup, monkeypatch):
     """A draft-extend longer than one row slice of the window attention (slices shrunk to 16 rows here; a
     prefill chunk of SGLang's default size takes several slices at full width) runs in slices and still gives
     the reference's `echo_forward` logits and streams for every row of both ragged requests."""
-    from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
     from sglang_ernie55.attention import draft_backend
 
@@ -359,20 +366,8 @@ def test_long_draft_extend_in_row_slices_equals_reference(setup, monkeypatch):
 
     monkeypatch.setattr(draft_backend.EchoDraftAttnBackend, "_window_rows", counted)
     monkeypatch.setattr(draft_backend, "window_row_chunk", lambda *a: 16)
-    g = torch.Generator().manual_seed(21)
     lens = {1: 150, 3: 41}
-    data = {
-        r: (
-            torch.randn(n, cfg.hc_mult, cfg.hidden_size, generator=g),
-            torch.randint(0, cfg.vocab_size, (n,), generator=g),
-        )
-        for r, n in lens.items()
-    }
-    reqs = [r for r, n in lens.items() for _ in range(n)]
-    pos = [p for n in lens.values() for p in range(n)]
-    toks = torch.cat([data[r][1] for r in lens])
-    streams = torch.cat([data[r][0] for r in lens])
-    logits, R = sess.run(ForwardMode.EXTEND, reqs, pos, toks, streams, ragged=list(lens.values()))
+    data, logits, R = sess.extend_prompts(lens, seed=21)
     assert calls == [16] * (191 // 16) + [191 % 16]
     off = 0
     for r, n in lens.items():
