@@ -107,8 +107,8 @@ def test_table_has_a_row_per_run():
 
 
 def test_one_token_ttft_is_the_end_to_end_latency():
-    """A one-token answer whose text is empty leaves SGLang's client TTFT at 0 (seen on the GPU with random
-    weights): the long-prompt row then reads the end-to-end latency, the client's figure kept beside it."""
+    """A one-token answer whose text is empty (a random token may decode to none) leaves SGLang's client TTFT
+    at 0: the long-prompt row then reads the end-to-end latency, the client's figure kept beside it."""
     res = dict(median_ttft_ms=0.0, median_e2e_latency_ms=405.9, p99_e2e_latency_ms=406.5)
     assert bsv.one_token_ttft(res) == dict(client_median_ttft_ms=0.0, median_ttft_ms=405.9, p99_ttft_ms=406.5)
     args = bsv.workloads(bsv.parse_args(["--cpu-smoke"]))

@@ -128,8 +128,8 @@ class EchoDraftAttnBackend(AttentionBackend):
         if T <= step:
             return self._window_rows(q, req, pos, rows, layer, inputs)
         # a prefill draft-extend has up to --chunked-prefill-size rows: whole, its gathered windows and
-        # softmax terms take several GB beside a pool sized by SGLang's defaults (they ran out of memory on an
-        # H100 under a shared-prefix workload), so rows go in slices of a fixed transient size
+        # softmax terms take several GB, more than SGLang's default memory fraction leaves beside the pool, so
+        # rows go in slices of a fixed transient size
         out = torch.empty(T, q.shape[1], dv, dtype=torch.float32, device=q.device)
         for s in range(0, T, step):
             e = min(T, s + step)

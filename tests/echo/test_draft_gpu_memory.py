@@ -1,7 +1,7 @@
 """The ECHO draft's window attention over a prefill chunk of SGLang's default size at the full-width geometry
 on the GPU: its transient memory stays near one row slice (`torch_path.CHUNK_BYTES`), not the several GB that
-the whole chunk's gathered windows and softmax terms take (an ECHO server under a shared-prefix workload ran out
-of memory on them), and the sliced rows equal the rows computed in one piece."""
+the whole chunk's gathered windows and softmax terms take (more than SGLang's default memory fraction leaves
+beside the pool), and the sliced rows equal the rows computed in one piece."""
 
 from __future__ import annotations
 
