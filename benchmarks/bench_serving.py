@@ -595,8 +595,10 @@ def main(argv=None) -> int:
         # the model's named ranges (read at import in the scheduler process): eager forwards open a range per
         # component, CUDA-graph replays run none, so decode steps are unchanged
         os.environ["SGLANG_ERNIE55_PROFILE_RANGES"] = "1" if profiling else "0"
-        server = demo.Server(cmd, log_path)
-        os.environ.pop("SGLANG_ERNIE55_PROFILE_RANGES")
+        try:
+            server = demo.Server(cmd, log_path)
+        finally:
+            os.environ.pop("SGLANG_ERNIE55_PROFILE_RANGES")
         clock = _progress_clock(t0)
         try:
             demo._wait_ready(server, f"http://127.0.0.1:{port}", a.start_timeout, clock)
@@ -662,7 +664,8 @@ def main(argv=None) -> int:
         for r in rows
         if r.get("prefill_profile")
     )
-    text += "\n\nNot run: " + "; ".join(skipped) if skipped else ""
+    if skipped:
+        text += "\n\nNot run: " + "; ".join(skipped)
     (out / TABLE_FILE).write_text(text + "\n")
     print(text, flush=True)
     if failed:

@@ -202,7 +202,7 @@ def echo_exact_copy(src, dst, *, seed: int = 0, eps: float = 0.02, force: bool =
     missing = [n for n in new if n not in spec]
     if missing or not scaled:
         raise ValueError(f"{src}: no tensor(s) {missing or list(ECHO_EXACT_SCALED)} to build ECHO-exact from")
-    check_free_space(Path(dst).absolute(), sum(f.stat().st_size for f in src.glob("*.safetensors")))
+    check_free_space(dst, sum(f.stat().st_size for f in src.glob("*.safetensors")))
     with staged_checkpoint_dir(dst, force) as tmp:
         for f in src.iterdir():
             # the random checkpoint's recipe describes the source, not this copy
