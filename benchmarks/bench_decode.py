@@ -395,8 +395,7 @@ def main():
                     iqp,
                     32768,
                     keys_per_prog=c[0],
-                    block_n=c[1],
-                    num_warps=c[2],
+                    config=(c[1], c[2], False),
                     num_stages=c[3],
                 )
             )
@@ -407,7 +406,7 @@ def main():
         if ibest is None or ms < ibest:
             icfg, ibest = c, ms
     ipool = None
-    ikw = dict(keys_per_prog=icfg[0], block_n=icfg[1], num_warps=icfg[2], num_stages=icfg[3])
+    ikw = dict(keys_per_prog=icfg[0], config=(icfg[1], icfg[2], False), num_stages=icfg[3])
 
     batches = [1, 8, 64, 256]
     ctxs = [4096, 32768, 131072, 1 << 20]

@@ -16,7 +16,14 @@ from ..configuration import LAYER_HCA, LAYER_MLA_DSA
 from ..kernels.decode_meta import decode_meta
 from ..kernels.hca_compress import hca_compress_store, hca_state_update
 from ..kernels.hca_meta import hca_indices
-from ..kernels.indexer import TOPK_CONFIGS, indexer_logits, indexer_topk, indexer_topk_torch
+from ..kernels.indexer import (
+    LOGITS_DECODE,
+    LOGITS_EXTEND,
+    TOPK_CONFIGS,
+    indexer_logits,
+    indexer_topk,
+    indexer_topk_torch,
+)
 from ..kernels.kv_store import kv_store
 from ..kernels.sparse_attn import Scope, flashmla_sparse_attention, sparse_mqa_attention
 from ..layers.rope import cos_sin
@@ -57,6 +64,7 @@ class KernelMeta:
     st_req: torch.Tensor  # [T] state slot of each token (-1: padded row, writes nothing)
     st_seq: torch.Tensor  # [T] its request's sequence length after the batch
     mla_chunks: tuple[tuple[int, int, int], ...]  # (t0, t1, logits width) query chunks of the indexer
+    index_config: tuple[int, int, bool] = LOGITS_DECODE  # indexer_logits' launch config (kernels/indexer.py)
     sched: dict = dataclasses.field(default_factory=dict)  # FlashMLA schedules, fresh per forward
 
     @property
@@ -210,7 +218,7 @@ def meta_difference(want: KernelMeta, got: KernelMeta) -> str:
         if f.name == "sched":
             continue
         a, b = getattr(want, f.name), getattr(got, f.name)
-        if f.name == "mla_chunks":
+        if f.name in ("mla_chunks", "index_config"):
             same = a == b
         else:
             xs, ys = (a, b) if f.name == "jobs" else ((a,), (b,))
@@ -313,6 +321,7 @@ class KernelPath:
         cmp_width: int,
         nj: int,
         mla_chunks,
+        index_config: tuple[int, int, bool] = LOGITS_DECODE,
     ) -> KernelMeta:
         """req (pool rows) / P (prefix) / L (seq len) / tok_start [B]; tok_req / tok_pos / loc / valid_tok [T]."""
         page, ratio = self.page_size, self.ratio
@@ -338,6 +347,7 @@ class KernelPath:
             st_req=st_req,
             st_seq=L.long()[tok_req.long()].to(torch.int32),
             mla_chunks=tuple(mla_chunks),
+            index_config=index_config,
         )
 
     def fixed_meta(self, req, seq_after, loc, per_req: int, width: int) -> KernelMeta:
@@ -470,6 +480,7 @@ class KernelPath:
             cmp_width,
             nj,
             _mla_chunks(ext, seq),
+            LOGITS_EXTEND,
         )
 
     def rope_tables(self, inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -585,7 +596,15 @@ class KernelPath:
         for ci, (t0, t1, width) in enumerate(meta.mla_chunks):
             req, pos = meta.tok_req[t0:t1], meta.tok_pos[t0:t1]
             logits = indexer_logits(
-                iqb[t0:t1], iw[t0:t1], idx.pool, idx.geom, meta.page_table, req, pos, width
+                iqb[t0:t1],
+                iw[t0:t1],
+                idx.pool,
+                idx.geom,
+                meta.page_table,
+                req,
+                pos,
+                width,
+                config=meta.index_config,
             )
             topk = indexer_topk if self.fused_topk else indexer_topk_torch
             sel, n = topk(logits, pos, self.topk, meta.page_table, req, self.page_size)

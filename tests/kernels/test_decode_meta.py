@@ -87,6 +87,7 @@ def test_meta_difference_names_the_field():
         ("page_table", dataclasses.replace(a, page_table=a.page_table.long())),  # dtype alone
         ("jobs", dataclasses.replace(a, jobs=a.jobs[:4] + (a.jobs[4] - 1,))),
         ("mla_chunks", dataclasses.replace(a, mla_chunks=())),
+        ("index_config", dataclasses.replace(a, index_config=kp.LOGITS_EXTEND)),
     ):
         assert kp.meta_difference(a, bad) == field
 

@@ -6,18 +6,26 @@ import pytest
 import torch
 
 from sglang_ernie55.kernels import layout as L
-from sglang_ernie55.kernels.indexer import indexer_logits, indexer_topk, indexer_topk_torch
+from sglang_ernie55.kernels.indexer import (
+    LOGITS_DECODE,
+    LOGITS_EXTEND,
+    indexer_logits,
+    indexer_topk,
+    indexer_topk_torch,
+)
 from sglang_ernie55.reference import functional as F
 from sglang_ernie55.reference import kernels_ref as R
 from tests.kernels.kutil import DEV, PagedRequests, filled_pool, poison
 
 
-def _case(kv, seq_lens, q_per_req, nI, topk, dI=L.IDX_HEAD_DIM):
+def _case(kv, seq_lens, q_per_req, nI, topk, dI=L.IDX_HEAD_DIM, config=None):
+    """q_per_req: the last rows of each request queried (an int for all, or one per request)."""
     torch.manual_seed(0)
     g = L.idx_geometry(kv, dI)
     reqs = PagedRequests(seq_lens)
     pool, _ = filled_pool(g, reqs.num_pages, dI)
-    queries = [(r, p) for r, s in enumerate(seq_lens) for p in range(max(0, s - q_per_req), s)]
+    per = q_per_req if isinstance(q_per_req, list) else [q_per_req] * len(seq_lens)
+    queries = [(r, p) for r, s in enumerate(seq_lens) for p in range(max(0, s - per[r]), s)]
     T = len(queries)
     q_req = torch.tensor([r for r, _ in queries], dtype=torch.int32, device=DEV)
     q_pos = torch.tensor([p for _, p in queries], dtype=torch.int32, device=DEV)
@@ -26,7 +34,7 @@ def _case(kv, seq_lens, q_per_req, nI, topk, dI=L.IDX_HEAD_DIM):
     S = max(seq_lens)
     pt = reqs.page_table.to(DEV)
     out = poison((T, S), torch.float32)
-    lg = indexer_logits(qI, w, pool, g, pt, q_req, q_pos, S, out=out)
+    lg = indexer_logits(qI, w, pool, g, pt, q_req, q_pos, S, out=out, config=config)
     ref = R.indexer_logits_paged(qI.cpu(), w.cpu(), pool.cpu(), g, pt.cpu(), q_req.cpu(), q_pos.cpu())
     for t, r in enumerate(ref):
         a = lg[t, : len(r)].cpu()
@@ -53,6 +61,14 @@ def _case(kv, seq_lens, q_per_req, nI, topk, dI=L.IDX_HEAD_DIM):
 @pytest.mark.parametrize("kv", ["fp8", "bf16"])
 def test_indexer_tiny(kv):
     _case(kv, [1, 19, 300], 1, nI=4, topk=16)
+
+
+@pytest.mark.parametrize("kv", ["fp8", "bf16"])
+@pytest.mark.parametrize("config", [LOGITS_DECODE, LOGITS_EXTEND, (16, 4, True)], ids=str)
+def test_indexer_configs_ragged_extend(kv, config):
+    """Serving's two launch configs and a narrow one on ragged extend rows: the short requests' rows lie whole
+    key tiles before the 300-key width (tiles skipped, written -inf)."""
+    _case(kv, [3, 19, 300, 70], [3, 7, 5, 1], nI=5, topk=16, config=config)
 
 
 @pytest.mark.parametrize("kv", ["fp8", "bf16"])
@@ -84,8 +100,9 @@ def test_indexer_fp32_queries_ieee(on_gpu):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("kv", ["fp8", "bf16"])
-def test_indexer_full(kv):
-    _case(kv, [1, 97, 2048, 2049, 9000], 3, nI=64, topk=2048)
+@pytest.mark.parametrize("config", [LOGITS_DECODE, LOGITS_EXTEND], ids=str)
+def test_indexer_full(kv, config):
+    _case(kv, [1, 97, 2048, 2049, 9000], [1, 3, 2, 5, 9], nI=64, topk=2048, config=config)
 
 
 def test_topk_ties_go_to_earlier_positions():

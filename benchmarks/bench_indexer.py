@@ -1,0 +1,157 @@
+"""Lightning-indexer logits in prefill, as serving calls them: one indexer chunk (the rows x width budget of
+attention/kernel_path.py, `INDEXER_LOGITS_BUDGET`) of one request's last rows, 64 heads x 128, keys read through
+a shuffled page table from the fp8 (or bf16) indexer-key pool.
+
+For each launch config of `indexer_logits` (keys per step, warps, variant, stages; serving's extend config first) it prints the time,
+the FLOP rate (causal pairs x heads x 2 x head dim) against the bf16 GEMM rate measured in the same run (the
+floor), and the peer: the same logits in torch (one cuBLAS GEMM of every row's heads against the keys already
+dequantised outside the timing, ReLU, the weighted head sum, the causal mask). Every config's logits are
+checked against the default config's before it is timed. Then the top-k over the same logits.
+
+    python benchmarks/bench_indexer.py [--ctx 8192 32768] [--kv fp8] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import functools
+import itertools
+import json
+import os
+import sys
+
+import torch
+import triton
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks.bench_decode import DEV, bench, fill  # noqa: E402
+from sglang_ernie55.attention.kernel_path import INDEXER_LOGITS_BUDGET  # noqa: E402
+from sglang_ernie55.configuration import SERVING_PAGE_SIZE  # noqa: E402
+from sglang_ernie55.kernels import layout as L  # noqa: E402
+from sglang_ernie55.kernels.indexer import LOGITS_DECODE, LOGITS_EXTEND, indexer_logits, indexer_topk  # noqa: E402
+from sglang_ernie55.reference.kernels_ref import pool_gather  # noqa: E402
+
+NI, DI, TOPK = 64, 128, 2048
+
+
+def gemm_rate() -> float:
+    """bf16 GEMM FLOP/s of an 8192^3 torch matmul on this device."""
+    a = torch.randn(8192, 8192, device=DEV, dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device=DEV, dtype=torch.bfloat16)
+    ms = bench(functools.partial(torch.matmul, a, b))
+    return 2 * 8192**3 / ms * 1e3
+
+
+def peer(q, w, keys, pos):
+    """The logits in torch: q [R, NI, DI] bf16, w [R, NI] fp32, keys [S, DI] bf16 (dequantised), pos [R]."""
+    R, S = q.shape[0], keys.shape[0]
+    sc = torch.relu(q.reshape(R * NI, DI) @ keys.T).view(R, NI, S).float()
+    lg = torch.einsum("rhs,rh->rs", sc, w)
+    return lg.masked_fill(torch.arange(S, device=DEV)[None, :] > pos[:, None], float("-inf"))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--ctx", type=int, nargs="+", default=[8192, 32768], help="sequence lengths (keys)")
+    ap.add_argument("--kv", choices=("fp8", "bf16"), default="fp8", help="indexer-key pool format")
+    ap.add_argument("--out", default=os.environ.get("OUT"), help="folder for bench_indexer.jsonl")
+    a = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bench_indexer needs a CUDA GPU", file=sys.stderr)
+        return 2
+    torch.manual_seed(0)
+    props = torch.cuda.get_device_properties(0)
+    rate = gemm_rate()
+    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    print(
+        f"# {stamp} on {props.name}, torch {torch.__version__}, triton {triton.__version__}; "
+        f"bf16 GEMM {rate / 1e12:.0f} TFLOP/s; kv {a.kv}; serving's (keys per step, warps): extend "
+        f"{LOGITS_EXTEND}, decode {LOGITS_DECODE}",
+        flush=True,
+    )
+    first = [(*LOGITS_EXTEND, 3), (*LOGITS_DECODE, 3)]
+    configs = first + [
+        c for c in itertools.product((32, 64, 128, 256), (4, 8), (True, False), (3,)) if c not in first
+    ]
+    rows_out = []
+    g = L.idx_geometry(a.kv)
+    for S in a.ctx:
+        R = min(S, INDEXER_LOGITS_BUDGET // S)
+        pages = -(-S // SERVING_PAGE_SIZE)
+        pool = fill(g, pages * SERVING_PAGE_SIZE, DI)
+        pt = torch.randperm(pages, device=DEV).view(1, pages).to(torch.int32)
+        slots = (
+            pt[0].long()[:, None] * SERVING_PAGE_SIZE + torch.arange(SERVING_PAGE_SIZE, device=DEV)
+        ).view(-1)
+        keys = pool_gather(pool, g, slots[:S]).to(torch.bfloat16)
+        q = torch.randn(R, NI, DI, device=DEV, dtype=torch.bfloat16)
+        w = torch.randn(R, NI, device=DEV) * (NI**-0.5 * DI**-0.5)
+        req = torch.zeros(R, dtype=torch.int32, device=DEV)
+        pos = torch.arange(S - R, S, dtype=torch.int32, device=DEV)
+        pairs = sum(range(S - R + 1, S + 1))
+        flops = pairs * NI * DI * 2
+        floor_us = flops / rate * 1e6
+        want = peer(q, w, keys, pos)
+        peer_us = bench(functools.partial(peer, q, w, keys, pos)) * 1e3
+        ref = indexer_logits(q, w, pool, g, pt, req, pos, S, config=LOGITS_EXTEND)
+        fin = torch.isfinite(want)
+        tol = 1e-3 * want[fin].abs().max().item()
+        # the peer rounds each head's dot to bf16 (the GEMM's output dtype): agreement to that rounding
+        bad = (
+            (ref[fin] - want[fin]).abs().max().item()
+            if torch.equal(torch.isfinite(ref), fin)
+            else float("inf")
+        )
+        if bad > 20 * tol:
+            print(
+                f"the default config's logits differ from the torch peer's by {bad:.3g} (max |logit| {tol * 1e3:.3g})"
+            )
+            return 1
+        print(
+            f"\n## {R} rows (positions {S - R} .. {S - 1}) x {S} keys: FLOP floor {floor_us:.0f} us; "
+            f"torch peer {peer_us:.0f} us",
+            flush=True,
+        )
+        print("| keys/step | warps | variant | stages | us | TFLOP/s | x floor | peer / ours |")
+        print("| ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: |")
+        for bn, wp, ext, st in configs:
+            fn = functools.partial(
+                indexer_logits, q, w, pool, g, pt, req, pos, S,
+                config=(bn, wp, ext), num_stages=st,
+            )  # fmt: skip
+            try:
+                got = fn()
+                if not torch.equal(got, ref) and not torch.allclose(got, ref, rtol=1e-5, atol=1e-5 * tol):
+                    print(
+                        f"| {bn} | {wp} | {'extend' if ext else 'decode'} | {st} | wrong logits: not timed | | |"
+                    )
+                    continue
+                us = bench(fn) * 1e3
+            except Exception as e:  # noqa: BLE001 (a config that does not compile: reported, the sweep goes on)
+                print(
+                    f"| {bn} | {wp} | {'extend' if ext else 'decode'} | {st} | failed: {type(e).__name__} | | |"
+                )
+                continue
+            row = dict(
+                kv=a.kv, keys=S, rows=R, block_n=bn, warps=wp, variant='extend' if ext else 'decode', stages=st, us=us,
+                tflops=flops / us / 1e6, x_floor=us / floor_us, peer_us=peer_us, device=props.name, at=stamp,
+            )  # fmt: skip
+            rows_out.append(row)
+            print(f"| {bn} | {wp} | {'extend' if ext else 'decode'} | {st} | {us:.0f} | {row['tflops']:.0f} | {us / floor_us:.2f} | {peer_us / us:.2f} |",
+                  flush=True)  # fmt: skip
+        topk_us = bench(functools.partial(indexer_topk, ref, pos, TOPK, pt, req)) * 1e3
+        print(f"top-k {TOPK} over the same logits: {topk_us:.0f} us", flush=True)
+        pool = keys = want = ref = None
+        torch.cuda.empty_cache()
+    if a.out:
+        os.makedirs(a.out, exist_ok=True)
+        with open(os.path.join(a.out, "bench_indexer.jsonl"), "a") as f:
+            for r in rows_out:
+                f.write(json.dumps(r) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
