@@ -117,30 +117,38 @@ def main(argv=None) -> int:
         print("| keys/step | warps | variant | stages | us | TFLOP/s | x floor | peer / ours |")
         print("| ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: |")
         for bn, wp, ext, st in configs:
+            name = f"| {bn} | {wp} | {'extend' if ext else 'decode'} | {st} |"
             fn = functools.partial(
-                indexer_logits, q, w, pool, g, pt, req, pos, S,
-                config=(bn, wp, ext), num_stages=st,
-            )  # fmt: skip
+                indexer_logits, q, w, pool, g, pt, req, pos, S, config=(bn, wp, ext), num_stages=st
+            )
             try:
                 got = fn()
                 if not torch.equal(got, ref) and not torch.allclose(got, ref, rtol=1e-5, atol=1e-5 * tol):
-                    print(
-                        f"| {bn} | {wp} | {'extend' if ext else 'decode'} | {st} | wrong logits: not timed | | |"
-                    )
+                    print(f"{name} wrong logits: not timed | | | |")
                     continue
                 us = bench(fn) * 1e3
             except Exception as e:  # noqa: BLE001 (a config that does not compile: reported, the sweep goes on)
-                print(
-                    f"| {bn} | {wp} | {'extend' if ext else 'decode'} | {st} | failed: {type(e).__name__} | | |"
-                )
+                print(f"{name} failed: {type(e).__name__} | | | |")
                 continue
-            row = dict(
-                kv=a.kv, keys=S, rows=R, block_n=bn, warps=wp, variant='extend' if ext else 'decode', stages=st, us=us,
-                tflops=flops / us / 1e6, x_floor=us / floor_us, peer_us=peer_us, device=props.name, at=stamp,
-            )  # fmt: skip
-            rows_out.append(row)
-            print(f"| {bn} | {wp} | {'extend' if ext else 'decode'} | {st} | {us:.0f} | {row['tflops']:.0f} | {us / floor_us:.2f} | {peer_us / us:.2f} |",
-                  flush=True)  # fmt: skip
+            tflops = flops / us / 1e6
+            rows_out.append(
+                dict(
+                    kv=a.kv,
+                    keys=S,
+                    rows=R,
+                    block_n=bn,
+                    warps=wp,
+                    variant="extend" if ext else "decode",
+                    stages=st,
+                    us=us,
+                    tflops=tflops,
+                    x_floor=us / floor_us,
+                    peer_us=peer_us,
+                    device=props.name,
+                    at=stamp,
+                )
+            )
+            print(f"{name} {us:.0f} | {tflops:.0f} | {us / floor_us:.2f} | {peer_us / us:.2f} |", flush=True)
         topk_us = bench(functools.partial(indexer_topk, ref, pos, TOPK, pt, req)) * 1e3
         print(f"top-k {TOPK} over the same logits: {topk_us:.0f} us", flush=True)
         pool = keys = want = ref = None

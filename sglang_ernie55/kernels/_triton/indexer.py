@@ -1,14 +1,7 @@
 """Triton body of kernels/indexer.py: lightning-indexer logits over the paged indexer-key pool. Key and query
-rows of DI values are held at DI_P columns (a power of two); the padding columns read 0.
-
-One program scores one query row against one span of keys: the row's heads are the dot's rows, BN keys its
-columns. Two compile-time variants, each the faster where serving uses it (benchmarks/bench_indexer.py for
-extend rows, the decode table of docs/benchmarks.md):
-- decode (EXTEND off): the key tile is dequantised as it is read (`load_main`);
-- extend (EXTEND on): the fp8 key has one power-of-two scale per token and the logit is positively homogeneous
-  in the key (ReLU(q . c k) = c ReLU(q . k) for c > 0), so the scale multiplies the head sum of BN logits
-  instead of every key value (the same floats); key tiles wholly past the row's position are not read, only
-  written -inf (an extend chunk's rows share one width, most of them shorter)."""
+rows of DI values are held at DI_P columns (a power of two); the padding columns read 0. One program scores one
+query row (its heads: the dot's rows) against one span of keys, BN per step, in two compile-time variants with
+the same logits (`EXTEND`, see the kernel)."""
 
 from __future__ import annotations
 
@@ -53,6 +46,12 @@ def indexer_logits_kernel(
     DT: tl.constexpr,
     EXTEND: tl.constexpr,
 ):
+    """Each variant is the faster where serving launches it (benchmarks/bench_indexer.py, docs/benchmarks.md):
+    decode (EXTEND off) dequantises the key tile as it reads it (`load_main`). Extend (EXTEND on) multiplies the
+    fp8 key's one power-of-two scale per token into the head sum of BN logits instead of every key value, which
+    the logit's positive homogeneity in the key allows exactly (ReLU(q . c k) = c ReLU(q . k), c > 0), and skips
+    key tiles wholly past the row's position (writing -inf): an extend chunk's rows share one width, most of
+    them shorter."""
     t = tl.program_id(0).to(tl.int64)
     sp = tl.program_id(1)
     h = tl.arange(0, BNI)
