@@ -31,7 +31,7 @@ from sglang_ernie55.attention.kernel_path import INDEXER_LOGITS_BUDGET  # noqa: 
 from sglang_ernie55.configuration import SERVING_PAGE_SIZE  # noqa: E402
 from sglang_ernie55.kernels import layout as L  # noqa: E402
 from sglang_ernie55.kernels.indexer import LOGITS_DECODE, LOGITS_EXTEND, indexer_logits, indexer_topk  # noqa: E402
-from sglang_ernie55.reference.kernels_ref import pool_gather  # noqa: E402
+from sglang_ernie55.kernels.torch_twin import pool_gather  # noqa: E402
 
 NI, DI, TOPK = 64, 128, 2048
 
