@@ -6,9 +6,12 @@ For each launch config of `indexer_logits` (keys per step, warps, variant, stage
 the FLOP rate (causal pairs x heads x 2 x head dim) against the bf16 GEMM rate measured in the same run (the
 floor), and the peer: the same logits in torch (one cuBLAS GEMM of every row's heads against the keys already
 dequantised outside the timing, ReLU, the weighted head sum, the causal mask). Every config's logits are
-checked against the default config's before it is timed. Then the top-k over the same logits.
+checked against the default config's before it is timed. Then the top-k over the same logits: one program per
+row (serving's decode configs) and the split select at several spans (serving's extend span first), each
+checked against serving's extend top-k and timed against its byte floor (the causal logits read once at the
+copy bandwidth measured in the same run).
 
-    python benchmarks/bench_indexer.py [--ctx 8192 32768] [--kv fp8] [--out DIR]
+    python benchmarks/bench_indexer.py [--ctx 8192 32768] [--kv fp8] [--topk-only] [--out DIR]
 """
 
 from __future__ import annotations
@@ -26,11 +29,19 @@ import triton
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.bench_decode import DEV, bench, fill  # noqa: E402
+from benchmarks.bench_decode import DEV, bench, copy_bandwidth, fill  # noqa: E402
 from sglang_ernie55.attention.kernel_path import INDEXER_LOGITS_BUDGET  # noqa: E402
 from sglang_ernie55.configuration import SERVING_PAGE_SIZE  # noqa: E402
 from sglang_ernie55.kernels import layout as L  # noqa: E402
-from sglang_ernie55.kernels.indexer import LOGITS_DECODE, LOGITS_EXTEND, indexer_logits, indexer_topk  # noqa: E402
+from sglang_ernie55.kernels.indexer import (  # noqa: E402
+    LOGITS_DECODE,
+    LOGITS_EXTEND,
+    TOPK_CONFIGS,
+    TOPK_EXTEND_SPAN,
+    TOPK_SPLIT_CONFIG,
+    indexer_logits,
+    indexer_topk,
+)
 from sglang_ernie55.kernels.torch_twin import pool_gather  # noqa: E402
 
 NI, DI, TOPK = 64, 128, 2048
@@ -52,10 +63,57 @@ def peer(q, w, keys, pos):
     return lg.masked_fill(torch.arange(S, device=DEV)[None, :] > pos[:, None], float("-inf"))
 
 
+def topk_table(logits, pos, pt, req, S, bw, device, stamp) -> list[dict]:
+    """Time `indexer_topk` over one chunk's logits in each launch form; print a table, return its rows."""
+    R = logits.shape[0]
+    floor_us = 4 * sum(min(int(p) + 1, S) for p in pos.tolist()) / bw * 1e6
+    want = indexer_topk(logits, pos, TOPK, pt, req, span=TOPK_EXTEND_SPAN)
+    forms = [(TOPK_EXTEND_SPAN, TOPK_SPLIT_CONFIG)] + [(0, c) for _rows, c in TOPK_CONFIGS]
+    forms += [
+        (sp, c)
+        for sp, c in itertools.product((1024, 2048, 4096, 8192), ((512, 4), (1024, 4), (1024, 8), (2048, 8)))
+        if (sp, c) != forms[0] and c[0] <= sp
+    ]
+    print(
+        f"\n## top-k {TOPK} of {R} rows x {S} keys: byte floor {floor_us:.1f} us (logits read once)",
+        flush=True,
+    )
+    print("| span | keys/step | warps | us | x floor |")
+    print("| ---: | ---: | ---: | ---: | ---: |")
+    out = []
+    for span, (blk, wp) in forms:
+        fn = functools.partial(indexer_topk, logits, pos, TOPK, pt, req, config=(blk, wp), span=span)
+        name = f"| {span or 'one program / row'} | {blk} | {wp} |"
+        got = fn()
+        if not all(torch.equal(x, y) for x, y in zip(got, want)):
+            print(f"{name} wrong selection: not timed | |")
+            continue
+        us = bench(fn) * 1e3
+        out.append(
+            dict(
+                what="topk",
+                keys=S,
+                rows=R,
+                span=span,
+                block=blk,
+                warps=wp,
+                us=us,
+                x_floor=us / floor_us,
+                device=device,
+                at=stamp,
+            )
+        )
+        print(f"{name} {us:.0f} | {us / floor_us:.1f} |", flush=True)
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ctx", type=int, nargs="+", default=[8192, 32768], help="sequence lengths (keys)")
     ap.add_argument("--kv", choices=("fp8", "bf16"), default="fp8", help="indexer-key pool format")
+    ap.add_argument(
+        "--topk-only", action="store_true", help="serving's logits config only, then the top-k table"
+    )
     ap.add_argument("--out", default=os.environ.get("OUT"), help="folder for bench_indexer.jsonl")
     a = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -64,10 +122,11 @@ def main(argv=None) -> int:
     torch.manual_seed(0)
     props = torch.cuda.get_device_properties(0)
     rate = gemm_rate()
+    bw = copy_bandwidth()
     stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     print(
         f"# {stamp} on {props.name}, torch {torch.__version__}, triton {triton.__version__}; "
-        f"bf16 GEMM {rate / 1e12:.0f} TFLOP/s; kv {a.kv}; serving's (keys per step, warps): extend "
+        f"bf16 GEMM {rate / 1e12:.0f} TFLOP/s; copy {bw / 1e12:.2f} TB/s; kv {a.kv}; serving's (keys per step, warps): extend "
         f"{LOGITS_EXTEND}, decode {LOGITS_DECODE}",
         flush=True,
     )
@@ -75,6 +134,8 @@ def main(argv=None) -> int:
     configs = first + [
         c for c in itertools.product((32, 64, 128, 256), (4, 8), (True, False), (3,)) if c not in first
     ]
+    if a.topk_only:
+        configs = first[:1]
     rows_out = []
     g = L.idx_geometry(a.kv)
     for S in a.ctx:
@@ -149,8 +210,7 @@ def main(argv=None) -> int:
                 )
             )
             print(f"{name} {us:.0f} | {tflops:.0f} | {us / floor_us:.2f} | {peer_us / us:.2f} |", flush=True)
-        topk_us = bench(functools.partial(indexer_topk, ref, pos, TOPK, pt, req)) * 1e3
-        print(f"top-k {TOPK} over the same logits: {topk_us:.0f} us", flush=True)
+        rows_out += topk_table(ref, pos, pt, req, S, bw, props.name, stamp)
         pool = keys = want = ref = None
         torch.cuda.empty_cache()
     if a.out:
