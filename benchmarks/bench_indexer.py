@@ -7,9 +7,8 @@ the FLOP rate (causal pairs x heads x 2 x head dim) against the bf16 GEMM rate m
 floor), and the peer: the same logits in torch (one cuBLAS GEMM of every row's heads against the keys already
 dequantised outside the timing, ReLU, the weighted head sum, the causal mask). Every config's logits are
 checked against the default config's before it is timed. Then the top-k over the same logits: one program per
-row (serving's decode configs) and the split select at several spans (serving's extend span first), each
-checked against serving's extend top-k and timed against its byte floor (the causal logits read once at the
-copy bandwidth measured in the same run).
+row in serving's configs and others, each checked against serving's and timed against its byte floor (the causal
+logits read once at the copy bandwidth measured in the same run).
 
     python benchmarks/bench_indexer.py [--ctx 8192 32768] [--kv fp8] [--topk-only] [--out DIR]
 """
@@ -37,8 +36,6 @@ from sglang_ernie55.kernels.indexer import (  # noqa: E402
     LOGITS_DECODE,
     LOGITS_EXTEND,
     TOPK_CONFIGS,
-    TOPK_EXTEND_SPAN,
-    TOPK_SPLIT_CONFIG,
     indexer_logits,
     indexer_topk,
 )
@@ -64,26 +61,22 @@ def peer(q, w, keys, pos):
 
 
 def topk_table(logits, pos, pt, req, S, bw, device, stamp) -> list[dict]:
-    """Time `indexer_topk` over one chunk's logits in each launch form; print a table, return its rows."""
+    """Time `indexer_topk` over one chunk's logits in each launch config; print a table, return its rows."""
     R = logits.shape[0]
-    floor_us = 4 * sum(min(int(p) + 1, S) for p in pos.tolist()) / bw * 1e6
-    want = indexer_topk(logits, pos, TOPK, pt, req, span=TOPK_EXTEND_SPAN)
-    forms = [(TOPK_EXTEND_SPAN, TOPK_SPLIT_CONFIG)] + [(0, c) for _rows, c in TOPK_CONFIGS]
-    forms += [
-        (sp, c)
-        for sp, c in itertools.product((1024, 2048, 4096, 8192), ((512, 4), (1024, 4), (1024, 8), (2048, 8)))
-        if (sp, c) != forms[0] and c[0] <= sp
-    ]
+    floor_us = 4 * sum(min(int(p) + 1, S) for p in pos.tolist()) / (bw * 1e12) * 1e6
+    want = indexer_topk(logits, pos, TOPK, pt, req)
+    configs = [c for _rows, c in TOPK_CONFIGS]
+    configs += [c for c in itertools.product((256, 512, 1024, 2048), (1, 2, 4, 8)) if c not in configs]
     print(
         f"\n## top-k {TOPK} of {R} rows x {S} keys: byte floor {floor_us:.1f} us (logits read once)",
         flush=True,
     )
-    print("| span | keys/step | warps | us | x floor |")
-    print("| ---: | ---: | ---: | ---: | ---: |")
+    print("| keys/step | warps | us | x floor |")
+    print("| ---: | ---: | ---: | ---: |")
     out = []
-    for span, (blk, wp) in forms:
-        fn = functools.partial(indexer_topk, logits, pos, TOPK, pt, req, config=(blk, wp), span=span)
-        name = f"| {span or 'one program / row'} | {blk} | {wp} |"
+    for blk, wp in configs:
+        fn = functools.partial(indexer_topk, logits, pos, TOPK, pt, req, config=(blk, wp))
+        name = f"| {blk} | {wp} |"
         got = fn()
         if not all(torch.equal(x, y) for x, y in zip(got, want)):
             print(f"{name} wrong selection: not timed | |")
@@ -94,7 +87,6 @@ def topk_table(logits, pos, pt, req, S, bw, device, stamp) -> list[dict]:
                 what="topk",
                 keys=S,
                 rows=R,
-                span=span,
                 block=blk,
                 warps=wp,
                 us=us,
@@ -126,7 +118,7 @@ def main(argv=None) -> int:
     stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     print(
         f"# {stamp} on {props.name}, torch {torch.__version__}, triton {triton.__version__}; "
-        f"bf16 GEMM {rate / 1e12:.0f} TFLOP/s; copy {bw / 1e12:.2f} TB/s; kv {a.kv}; serving's (keys per step, warps): extend "
+        f"bf16 GEMM {rate / 1e12:.0f} TFLOP/s; copy {bw:.2f} TB/s; kv {a.kv}; serving's (keys per step, warps): extend "
         f"{LOGITS_EXTEND}, decode {LOGITS_DECODE}",
         flush=True,
     )

@@ -20,8 +20,6 @@ from ..kernels.indexer import (
     LOGITS_DECODE,
     LOGITS_EXTEND,
     TOPK_CONFIGS,
-    TOPK_EXTEND_SPAN,
-    TOPK_SPLIT_CONFIG,
     indexer_logits,
     indexer_topk,
     indexer_topk_torch,
@@ -67,7 +65,6 @@ class KernelMeta:
     st_seq: torch.Tensor  # [T] its request's sequence length after the batch
     mla_chunks: tuple[tuple[int, int, int], ...]  # (t0, t1, logits width) query chunks of the indexer
     index_config: tuple[int, int, bool] = LOGITS_DECODE  # indexer_logits' launch config (kernels/indexer.py)
-    topk_span: int = 0  # indexer_topk's keys per program (0: one program per row)
     sched: dict = dataclasses.field(default_factory=dict)  # FlashMLA schedules, fresh per forward
 
     @property
@@ -184,9 +181,8 @@ def fused_meta_mismatch(path, dev) -> str:
 def fused_topk_mismatch(path, dev) -> str:
     """'' when `indexer_topk` selects the same cache slots as `indexer_topk_torch` (as sets; the kernel writes them
     in position order) with the same lengths and -1 padding, on synthetic logits on `dev` at `path`'s top-k and
-    page size, in every launch configuration serving may pick (the split select included): rows shorter and longer
-    than the top-k, many equal logits across the cut, -0.0 beside +0.0, a row stride wider than the row, shuffled
-    pages; else what differs in which row."""
+    page size: rows shorter and longer than the top-k, many equal logits across the cut, -0.0 beside +0.0,
+    a row stride wider than the row, shuffled pages; else what differs in which row."""
     page, topk = path.page_size, path.topk
     g = torch.Generator().manual_seed(0)
     width = 2 * topk + page + 37
@@ -203,17 +199,15 @@ def fused_topk_mismatch(path, dev) -> str:
     args = [x.to(dev) for x in (logits, q_pos, q_req, pt)]
     want, want_n = indexer_topk_torch(args[0], args[1], topk, args[3], args[2], page)
     want, want_n = want.cpu(), want_n.cpu()
-    # each launch configuration serving may pick; the split select at a span that splits these rows
-    span = max(16, -(-width // 4))
-    for config, sp in [(c, 0) for _rows, c in TOPK_CONFIGS] + [(TOPK_SPLIT_CONFIG, span)]:
-        got, got_n = indexer_topk(args[0], args[1], topk, args[3], args[2], page, config=config, span=sp)
+    for _rows, config in TOPK_CONFIGS:  # each launch configuration serving may pick
+        got, got_n = indexer_topk(args[0], args[1], topk, args[3], args[2], page, config=config)
         got, got_n = got.cpu(), got_n.cpu()
         for t in range(len(q_pos)):
             n = int(want_n[t])
             if int(got_n[t]) != n:
-                return f"row {t}: length {int(got_n[t])}, torch {n} (config {config}, span {sp})"
+                return f"row {t}: length {int(got_n[t])}, torch {n} (config {config})"
             if sorted(got[t, :n].tolist()) != sorted(want[t, :n].tolist()) or (got[t, n:] != -1).any():
-                return f"row {t}: the selected slots (q_pos {int(q_pos[t])}, top-k {topk}, config {config}, span {sp})"
+                return f"row {t}: the selected slots (q_pos {int(q_pos[t])}, top-k {topk}, config {config})"
     return ""
 
 
@@ -224,7 +218,7 @@ def meta_difference(want: KernelMeta, got: KernelMeta) -> str:
         if f.name == "sched":
             continue
         a, b = getattr(want, f.name), getattr(got, f.name)
-        if f.name in ("mla_chunks", "index_config", "topk_span"):
+        if f.name in ("mla_chunks", "index_config"):
             same = a == b
         else:
             xs, ys = (a, b) if f.name == "jobs" else ((a,), (b,))
@@ -328,7 +322,6 @@ class KernelPath:
         nj: int,
         mla_chunks,
         index_config: tuple[int, int, bool] = LOGITS_DECODE,
-        topk_span: int = 0,
     ) -> KernelMeta:
         """req (pool rows) / P (prefix) / L (seq len) / tok_start [B]; tok_req / tok_pos / loc / valid_tok [T]."""
         page, ratio = self.page_size, self.ratio
@@ -355,7 +348,6 @@ class KernelPath:
             st_seq=L.long()[tok_req.long()].to(torch.int32),
             mla_chunks=tuple(mla_chunks),
             index_config=index_config,
-            topk_span=topk_span,
         )
 
     def fixed_meta(self, req, seq_after, loc, per_req: int, width: int) -> KernelMeta:
@@ -489,7 +481,6 @@ class KernelPath:
             nj,
             _mla_chunks(ext, seq),
             LOGITS_EXTEND,
-            TOPK_EXTEND_SPAN,
         )
 
     def rope_tables(self, inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -615,12 +606,8 @@ class KernelPath:
                 width,
                 config=meta.index_config,
             )
-            if self.fused_topk:
-                sel, n = indexer_topk(
-                    logits, pos, self.topk, meta.page_table, req, self.page_size, span=meta.topk_span
-                )
-            else:
-                sel, n = indexer_topk_torch(logits, pos, self.topk, meta.page_table, req, self.page_size)
+            topk = indexer_topk if self.fused_topk else indexer_topk_torch
+            sel, n = topk(logits, pos, self.topk, meta.page_table, req, self.page_size)
             del logits
             main = Scope(lat.pool, lat.geom, sel, n)
             if flashmla:

@@ -1,6 +1,6 @@
 """MLA-DSA lightning indexer: logits over the paged indexer-key pool (`indexer_logits`), then the causal
-top-k as positions or cache slots (`indexer_topk`: one Triton launch, or a row split over programs for long
-rows; `indexer_topk_torch`: the same selection in torch ops). Reference: `kernels_ref.indexer_logits_paged` + `functional.indexer_topk`.
+top-k as positions or cache slots (`indexer_topk`: one Triton launch; `indexer_topk_torch`: the same selection
+in torch ops). Reference: `kernels_ref.indexer_logits_paged` + `functional.indexer_topk`.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import triton
 from ..configuration import SERVING_PAGE_SIZE
 from ._pool import check, check_pool, dot_dtype, pool_args, pool_views
 from ._triton.indexer import indexer_logits_kernel
-from ._triton.topk import indexer_topk_kernel, topk_count_kernel, topk_hist_kernel, topk_write_kernel
+from ._triton.topk import indexer_topk_kernel
 from .layout import Geometry, KVLayout
 
 
@@ -130,10 +130,9 @@ def indexer_topk(
     q_req: torch.Tensor | None = None,
     page_size: int = SERVING_PAGE_SIZE,
     config: tuple[int, int] | None = None,
-    span: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Top-k positions per query (the index_topk largest I(t, s), s <= q_pos; ties to the earlier s; -0 equals +0)
-    and their count, in one launch (seven with `span`).
+    and their count, in one launch.
 
     logits fp32 [T, S] from indexer_logits (row stride free, last dim contiguous); q_pos [T] (int32: used as
     is) with q_pos < S. Returns (idx int32 [T, topk], lengths int32 [T]) where lengths = min(q_pos + 1, topk) and
@@ -141,9 +140,6 @@ def indexer_topk(
     their cache slots page_table[q_req, s // page_size] * page_size + s % page_size), -1 after them: the
     `indices` / `topk_length` of sparse_mqa_attention and FlashMLA (which take the keys in any order).
     config: (keys per step, warps), default `topk_config(T)`.
-    span: > 0 splits rows of at least 2 * span keys over programs of `span` keys each (7 launches that read
-    the logits 6 times: for hundreds of long rows, where one program per row leaves the GPU latency-bound);
-    the same selection in the same order. Its (keys per step, warps) is `config`, default `TOPK_SPLIT_CONFIG`.
     """
     T, S = logits.shape
     check(logits.dtype == torch.float32 and logits.stride(1) == 1, "logits: fp32 [T, S], last dim contiguous")
@@ -158,18 +154,9 @@ def indexer_topk(
             page_table.dim() == 2 and page_table.dtype == torch.int32 and page_table.stride(1) == 1,
             "page_table: int32 [B, max_pages]",
         )
-    check(
-        isinstance(span, int) and span >= 0,
-        f"span: keys per program, an int >= 0 (0: no split), got {span!r}",
-    )
     idx = torch.empty(T, topk, dtype=torch.int32, device=logits.device)
     lengths = torch.empty(T, dtype=torch.int32, device=logits.device)
     if T == 0:
-        return idx, lengths
-    if span and S >= 2 * span:
-        _split_topk(
-            logits, q_pos, topk, q_req if slots else q_pos, page_table, page_size, idx, lengths, span, config
-        )
         return idx, lengths
     block, num_warps = config or topk_config(T)
     indexer_topk_kernel[(T,)](
@@ -196,49 +183,6 @@ def indexer_topk(
 # (keys per step, warps) by rows: one program walks a whole row five times, so few rows (decode at small batch,
 # a GPU mostly idle) take wide steps over many warps, and many rows (one program or more per SM) narrow ones
 TOPK_CONFIGS = ((64, (4096, 16)), (256, (2048, 8)), (None, (1024, 4)))
-
-
-# the split select for extend chunks (hundreds of rows x thousands of keys): keys per program, and its (keys per
-# step, warps), from benchmarks/bench_indexer.py
-TOPK_EXTEND_SPAN = 4096
-TOPK_SPLIT_CONFIG = (1024, 4)
-
-
-def _split_topk(logits, q_pos, topk, q_req, page_table, page_size, idx, lengths, span, config) -> None:
-    """`indexer_topk` with each row over ceil(S / span) programs: four histogram passes summed per row, the
-    per-span counts above / at u*, then each span written at its offset."""
-    T, S = logits.shape
-    K = min(topk, S)
-    block, num_warps = config or TOPK_SPLIT_CONFIG
-    ns = triton.cdiv(S, span)
-    hist = torch.zeros(T, 4, 256, dtype=torch.int32, device=logits.device)
-    cnt = torch.empty(T, ns, 2, dtype=torch.int32, device=logits.device)
-    grid = (T, ns)
-    head = (logits, logits.stride(0), q_pos)
-    for p in range(4):
-        topk_hist_kernel[grid](*head, hist, S, K, span, P=p, BLOCK=block, num_warps=num_warps)
-    topk_count_kernel[grid](*head, hist, cnt, S, K, span, BLOCK=block, num_warps=num_warps)
-    slots = page_table is not None
-    topk_write_kernel[grid](
-        *head,
-        q_req,
-        page_table if slots else q_pos,
-        page_table.stride(0) if slots else 0,
-        hist,
-        cnt,
-        idx,
-        idx.stride(0),
-        lengths,
-        S,
-        page_size,
-        K,
-        span,
-        TOPK=topk,
-        SLOTS=slots,
-        NSP=triton.next_power_of_2(ns),
-        BLOCK=block,
-        num_warps=num_warps,
-    )
 
 
 def topk_config(rows: int) -> tuple[int, int]:

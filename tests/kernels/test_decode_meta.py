@@ -88,7 +88,6 @@ def test_meta_difference_names_the_field():
         ("jobs", dataclasses.replace(a, jobs=a.jobs[:4] + (a.jobs[4] - 1,))),
         ("mla_chunks", dataclasses.replace(a, mla_chunks=())),
         ("index_config", dataclasses.replace(a, index_config=kp.LOGITS_EXTEND)),
-        ("topk_span", dataclasses.replace(a, topk_span=kp.TOPK_EXTEND_SPAN)),
     ):
         assert kp.meta_difference(a, bad) == field
 

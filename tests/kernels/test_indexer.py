@@ -9,7 +9,6 @@ from sglang_ernie55.kernels import layout as L
 from sglang_ernie55.kernels.indexer import (
     LOGITS_DECODE,
     LOGITS_EXTEND,
-    TOPK_EXTEND_SPAN,
     indexer_logits,
     indexer_topk,
     indexer_topk_torch,
@@ -172,39 +171,6 @@ def test_topk_kernel_selects_what_the_reference_selects(T, S, topk, block, page)
         assert sorted(tw[t, :n].tolist()) == sorted(slots[t, :n].tolist())
 
 
-@pytest.mark.parametrize(
-    "T,S,topk,span,block,page",
-    [
-        (4, 50, 16, 16, 8, 256),  # spans below the top-k; one-span rows beside split ones
-        (5, 700, 64, 128, 64, 64),  # spans of several steps, 64-token pages
-        (3, 3000, 2048, 512, 256, 256),  # the model's top-k: the cut's ties spread over spans
-        (6, 1000, 100, 200, 128, 64),  # spans that are not a multiple of the step
-    ],
-)
-def test_split_topk_selects_what_the_reference_selects(T, S, topk, span, block, page):
-    """The split select (rows over programs of `span` keys) equals the reference's stable-sort selection and the
-    one-program kernel's output, element for element, as positions and as cache slots."""
-    lg, q_pos = _rows(T, S, seed=T * S + span, stride_pad=5)
-    idx, ln = indexer_topk(lg.to(DEV), q_pos.to(DEV), topk, config=(block, 4), span=span)
-    _check_topk(lg, q_pos, topk, idx, ln)
-    one, one_n = indexer_topk(lg.to(DEV), q_pos.to(DEV), topk, config=(block, 4))
-    assert torch.equal(idx, one) and torch.equal(ln, one_n)
-    reqs = PagedRequests([S, S + 17], page_size=page)
-    q_req = torch.tensor([t % 2 for t in range(T)], dtype=torch.int32)
-    pt = reqs.page_table.to(DEV)
-    slots, sl = indexer_topk(
-        lg.to(DEV), q_pos.to(DEV), topk, pt, q_req.to(DEV), page, config=(block, 4), span=span
-    )
-    _check_topk(lg, q_pos, topk, slots, sl, slot_of=lambda t, s: reqs.slot(int(q_req[t]), s))
-
-
-def test_topk_span_must_be_a_count():
-    lg, q_pos = _rows(2, 40, seed=1)
-    for bad in (-1, 2.5):
-        with pytest.raises(ValueError, match="span"):
-            indexer_topk(lg.to(DEV), q_pos.to(DEV), 8, span=bad)
-
-
 def test_topk_signed_zero_ties_to_the_earlier_position():
     """-0.0 and +0.0 are one value: at the cut, the earlier of them is taken (an ordering on the raw bits would
     rank +0.0 above -0.0 and take the later key)."""
@@ -221,8 +187,5 @@ def test_topk_kernel_full():
     lg, q_pos = _rows(64, 32768, seed=9)
     reqs = PagedRequests([32768] * 4)
     q_req = (torch.arange(64) % 4).to(torch.int32)
-    for span in (0, TOPK_EXTEND_SPAN):  # one program per row; the split select of extend chunks
-        idx, ln = indexer_topk(
-            lg.to(DEV), q_pos.to(DEV), 2048, reqs.page_table.to(DEV), q_req.to(DEV), span=span
-        )
-        _check_topk(lg, q_pos, 2048, idx, ln, slot_of=lambda t, s: reqs.slot(int(q_req[t]), s))
+    idx, ln = indexer_topk(lg.to(DEV), q_pos.to(DEV), 2048, reqs.page_table.to(DEV), q_req.to(DEV))
+    _check_topk(lg, q_pos, 2048, idx, ln, slot_of=lambda t, s: reqs.slot(int(q_req[t]), s))

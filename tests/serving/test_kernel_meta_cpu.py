@@ -269,7 +269,6 @@ def test_extend_jobs_equal_the_host_planner(variant, seed):
         assert (t1 - t0) * width <= kp.INDEXER_LOGITS_BUDGET or t1 - t0 == 1
         assert width >= int(m.tok_pos[t0:t1].max()) + 1
     assert m.index_config == kp.LOGITS_EXTEND  # the indexer variant of extend rows
-    assert m.topk_span == kp.TOPK_EXTEND_SPAN  # and the split top-k for their long rows
 
 
 def test_decode_graph_rows_padded_rows_write_nothing():
@@ -292,7 +291,7 @@ def test_decode_graph_rows_padded_rows_write_nothing():
         (2, 2, 383, 1, int(r2t[2, 256]) // 128),
     ]
     assert m.cmp_idx.shape == (3, -(-(2048 // 128) // 64) * 64) and m.mla_chunks == ((0, 3, 2048),)
-    assert m.index_config == kp.LOGITS_DECODE and m.topk_span == 0
+    assert m.index_config == kp.LOGITS_DECODE
 
 
 def test_window_rows_go_through_the_pools_translation():
