@@ -11,6 +11,10 @@ def _flag(name: str) -> bool:
     return os.environ.get(name, "0").strip().lower() in ("1", "true", "yes", "on")
 
 
+def _default_on(name: str) -> bool:
+    return os.environ.get(name, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
 def skip_version_check() -> bool:
     """`SGLANG_ERNIE55_SKIP_VERSION_CHECK=1`: load on an SGLang other than the pinned one (unsupported)."""
     return _flag("SGLANG_ERNIE55_SKIP_VERSION_CHECK")
@@ -29,13 +33,19 @@ def allow_parsers() -> bool:
 def fused_decode_meta() -> bool:
     """`SGLANG_ERNIE55_FUSED_META` (default 1): the kernel path builds a decode / verify batch's index rows in one
     Triton launch (kernels/decode_meta.py); 0: in torch ops (`KernelPath.fixed_meta`)."""
-    return os.environ.get("SGLANG_ERNIE55_FUSED_META", "1").strip().lower() not in ("0", "false", "no", "off")
+    return _default_on("SGLANG_ERNIE55_FUSED_META")
 
 
 def fused_topk() -> bool:
     """`SGLANG_ERNIE55_FUSED_TOPK` (default 1): the kernel path selects the indexer's top-k as cache slots in one
     Triton launch (kernels/indexer.py `indexer_topk`); 0: in torch ops (`indexer_topk_torch`)."""
-    return os.environ.get("SGLANG_ERNIE55_FUSED_TOPK", "1").strip().lower() not in ("0", "false", "no", "off")
+    return _default_on("SGLANG_ERNIE55_FUSED_TOPK")
+
+
+def mla_sparse_prefill() -> bool:
+    """`SGLANG_ERNIE55_MLA_SPARSE_PREFILL` (default 1): where FlashMLA serves the MLA-DSA layers, extend batches
+    attend through its sparse prefill kernel over a bf16 copy of the batch's latent rows; 0: its decode kernel."""
+    return _default_on("SGLANG_ERNIE55_MLA_SPARSE_PREFILL")
 
 
 def sglang_plugins_whitelist() -> set[str] | None:

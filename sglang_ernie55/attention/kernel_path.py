@@ -24,7 +24,7 @@ from ..kernels.indexer import (
     indexer_topk,
     indexer_topk_torch,
 )
-from ..kernels.kv_store import kv_store
+from ..kernels.kv_store import kv_load, kv_store
 from ..kernels.sparse_attn import Scope, flashmla_sparse_attention, sparse_mqa_attention
 from ..layers.rope import cos_sin
 from .interface import HCAInputs, LayerInputs, MLAInputs, TokenRows
@@ -39,6 +39,9 @@ ATTN_ROWS = (
 )  # query rows per attention call (the split kernel's grid puts tokens on CUDA's y axis, < 65536)
 FLASHMLA_TOPK_ALIGN = 64  # FlashMLA reads index rows in blocks of 64 (pad with -1)
 FLASHMLA_HEADS = (64, 128)  # FlashMLA's sparse decode: q heads (after padding)
+# MLA-DSA extend on FlashMLA's sparse prefill kernel: rows of the bf16 copy of the batch's latent rows (its
+# requests' pages, dequantised once per layer): 75.5 MiB at 576 values; batches past it take the decode kernel
+MLA_DENSE_ROWS = 1 << 16
 # --enable-deterministic-inference: keys per attention split, fixed, so that a query's result depends only on
 # its own keys (kernels/sparse_attn.py `split_keys`); 256 is the default mode's minimum split
 DETERMINISTIC_SPLIT_KEYS = 256
@@ -65,6 +68,11 @@ class KernelMeta:
     st_seq: torch.Tensor  # [T] its request's sequence length after the batch
     mla_chunks: tuple[tuple[int, int, int], ...]  # (t0, t1, logits width) query chunks of the indexer
     index_config: tuple[int, int, bool] = LOGITS_DECODE  # indexer_logits' launch config (kernels/indexer.py)
+    # FlashMLA sparse prefill (extend batches, else None): the batch's latent rows as one bf16 copy, each request's
+    # pages in turn. dense_loc [pages * page] full-pool slot of each copy row (int64, -1 past the request's
+    # length); dense_pt [B, pages] copy page of position s of row b (the top-k's page table into the copy)
+    dense_loc: torch.Tensor | None = None
+    dense_pt: torch.Tensor | None = None
     sched: dict = dataclasses.field(default_factory=dict)  # FlashMLA schedules, fresh per forward
 
     @property
@@ -147,6 +155,37 @@ def _flashmla(
     return o[:, :h]
 
 
+def _flashmla_prefill(
+    q: torch.Tensor, kv: torch.Tensor, sel: torch.Tensor, scale: float, d_v: int
+) -> torch.Tensor:
+    """FlashMLA's sparse prefill (the legacy SM90 kernel) over the bf16 copy kv [rows, 1, D] at copy rows sel
+    [T, topk] (-1: none), heads padded to 64 / 128. Returns o [T, h, d_v] bf16."""
+    import flash_mla
+
+    T, h, _ = q.shape
+    hp = next(x for x in FLASHMLA_HEADS if x >= h)
+    q = q.to(torch.bfloat16)
+    if hp != h:
+        q = torch.nn.functional.pad(q, (0, 0, 0, hp - h))
+    o = flash_mla.flash_mla_sparse_fwd(q.contiguous(), kv, sel.view(T, 1, -1), scale, d_v, use_legacy=True)[0]
+    return o[:, :h]
+
+
+def _sparse_prefill_fits(topk: int) -> bool:
+    """Whether MLA-DSA extend batches run FlashMLA's sparse prefill (`SGLANG_ERNIE55_MLA_SPARSE_PREFILL`, default
+    on): its legacy SM90 kernel loads (the one that reads d_qk 576) and reads top-k rows in blocks of 64."""
+    from ..envs import mla_sparse_prefill
+
+    if not mla_sparse_prefill() or topk % FLASHMLA_TOPK_ALIGN:
+        return False
+    try:
+        import flash_mla
+
+        return bool(flash_mla.has_legacy()) and torch.cuda.get_device_capability()[0] == 9
+    except Exception:  # noqa: BLE001 (not installed, no CUDA: the decode kernel serves extend rows)
+        return False
+
+
 def fused_meta_mismatch(path, dev) -> str:
     """'' when `fused_fixed_meta` equals `fixed_meta` field for field on synthetic batches on `dev` at `path`'s
     window, ratio and page size (shuffled pages, a padded row, positions inside and past the window and the
@@ -218,7 +257,9 @@ def meta_difference(want: KernelMeta, got: KernelMeta) -> str:
         if f.name == "sched":
             continue
         a, b = getattr(want, f.name), getattr(got, f.name)
-        if f.name in ("mla_chunks", "index_config"):
+        if a is None or b is None:
+            same = a is None and b is None
+        elif f.name in ("mla_chunks", "index_config"):
             same = a == b
         else:
             xs, ys = (a, b) if f.name == "jobs" else ((a,), (b,))
@@ -279,6 +320,7 @@ class KernelPath:
         self._rope_tables: dict = {}
         self.fused_meta = self._fused_meta_works() if fused_meta is None else fused_meta
         self.fused_topk = self._fused_topk_works() if fused_topk is None else fused_topk
+        self.mla_prefill = LAYER_MLA_DSA in self.flashmla and _sparse_prefill_fits(self.topk)
 
     # ------------------------------------------------------------------ metadata
     def init_extend(self, fb, split=None) -> None:
@@ -467,7 +509,7 @@ class KernelPath:
         nj = max(1, -(-max(ext, default=1) // self.ratio))
         valid_tok = torch.ones(T, dtype=torch.bool, device=dev)
         valid_req = torch.ones(B, dtype=torch.bool, device=dev)
-        return self._common(
+        meta = self._common(
             req,
             P,
             L,
@@ -482,6 +524,26 @@ class KernelPath:
             _mla_chunks(ext, seq),
             LOGITS_EXTEND,
         )
+        pages = [-(-x // self.page_size) for x in seq]
+        if self.mla_prefill and sum(pages) * self.page_size <= MLA_DENSE_ROWS:
+            meta.dense_loc, meta.dense_pt = self.dense_rows(meta.page_table, L, pages)
+        return meta
+
+    def dense_rows(self, page_table, L, pages: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(dense_loc, dense_pt) of `KernelMeta` for requests of lengths L [B] (device) spanning `pages` pages
+        (host): request b's pages follow those of requests < b in the copy."""
+        page, dev = self.page_size, page_table.device
+        B, total = len(pages), sum(pages)
+        n = torch.tensor(pages, dtype=torch.int64).to(dev, non_blocking=True)
+        base = torch.cumsum(n, 0) - n
+        width = page_table.shape[1]
+        dense_pt = (base[:, None] + torch.arange(width, device=dev)[None, :]).to(torch.int32)
+        b = torch.repeat_interleave(torch.arange(B, device=dev), n, output_size=total)
+        j = torch.arange(total, device=dev) - base[b]
+        off = torch.arange(page, device=dev)
+        slot = page_table[b, j].long()[:, None] * page + off[None, :]
+        inside = (j[:, None] * page + off[None, :]) < L.long()[b][:, None]
+        return torch.where(inside, slot, -1).view(-1), dense_pt.contiguous()
 
     def rope_tables(self, inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos / sin fp32 [context, rope / 2] of the model's RoPE table (the compression kernel's), built at the
@@ -593,6 +655,10 @@ class KernelPath:
         flashmla = LAYER_MLA_DSA in self.flashmla
         single = flashmla and len(meta.mla_chunks) == 1
         out = None if single else torch.empty(T, h, R, dtype=torch.float32, device=q.device)
+        dense = meta.dense_loc is not None and flashmla
+        if dense:  # the batch's latent rows as bf16, once per layer (exact: fp8 times power-of-two scales)
+            kv_dense = kv_load(lat.pool, lat.geom, meta.dense_loc).unsqueeze(1)
+        page_table = meta.dense_pt if dense else meta.page_table
         for ci, (t0, t1, width) in enumerate(meta.mla_chunks):
             req, pos = meta.tok_req[t0:t1], meta.tok_pos[t0:t1]
             logits = indexer_logits(
@@ -607,10 +673,15 @@ class KernelPath:
                 config=meta.index_config,
             )
             topk = indexer_topk if self.fused_topk else indexer_topk_torch
-            sel, n = topk(logits, pos, self.topk, meta.page_table, req, self.page_size)
+            sel, n = topk(logits, pos, self.topk, page_table, req, self.page_size)
             del logits
             main = Scope(lat.pool, lat.geom, sel, n)
-            if flashmla:
+            if dense:
+                o = _flashmla_prefill(qb[t0:t1], kv_dense, sel, layer.scaling, R)
+                if single:
+                    return o
+                out[t0:t1] = o
+            elif flashmla:
                 o = _flashmla(meta, ("mla", ci), qb[t0:t1], main, None, layer.scaling, R, None)
                 if single:
                     return o

@@ -1,6 +1,7 @@
 """Write tokens into a paged KV pool in its byte layout: pool[loc[i]] = encode(x[i]) for loc[i] >= 0,
 bf16 or fp8 tiles with power-of-two scales as kernels/layout.py states, the HCA rope dims and the MLA k_rope
-in bf16. Reference: `torch_twin.pool_store` (byte-exact).
+in bf16 (`kv_store`); read them back dequantised (`kv_load`). References: `torch_twin.pool_store` (byte-exact),
+`torch_twin.pool_gather`.
 """
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from ._pool import check, check_pool, pool_args, pool_views
-from ._triton.kv_store import kv_store_kernel
+from ._triton.kv_store import kv_load_kernel, kv_store_kernel
 from .layout import Geometry
 
 
@@ -62,3 +63,50 @@ def kv_store(pool: torch.Tensor, g: Geometry, loc: torch.Tensor, x: torch.Tensor
         SCALE_BYTES=g.scale_stride if a.kind == 1 else 0,
         num_warps=4,
     )
+
+
+KV_LOAD_ROWS = 16  # tokens per program of kv_load
+
+
+def kv_load(
+    pool: torch.Tensor, g: Geometry, loc: torch.Tensor, dtype: torch.dtype = torch.bfloat16
+) -> torch.Tensor:
+    """Read N tokens back, dequantised: out [N, W] (`dtype`; W as `kv_store`'s x) with out[i] the row of slot
+    loc[i] (int32 / int64, -1: a row of zeros). Every stored value is exact in bf16 (fp8 values times
+    power-of-two scales, bf16 values), so a bf16 out equals `torch_twin.pool_gather` rounded to bf16."""
+    a = pool_args(g)
+    check_pool(pool, g, "kv_load.pool")
+    check(loc.dim() == 1 and loc.dtype in (torch.int32, torch.int64), "kv_load.loc: int32/int64 [N]")
+    check(loc.device == pool.device, "kv_load: pool and loc on one device")
+    check(dtype in (torch.bfloat16, torch.float32), f"kv_load.dtype: bfloat16 or float32, got {dtype}")
+    N = loc.shape[0]
+    out = torch.empty(N, a.main + a.tail, dtype=dtype, device=pool.device)
+    if N == 0:
+        return out
+    u8, f8, bf, f32 = pool_views(pool)
+    kv_load_kernel[(-(-N // KV_LOAD_ROWS),)](
+        out,
+        out.stride(0),
+        loc,
+        N,
+        u8,
+        f8,
+        bf,
+        f32,
+        a.page_size,
+        a.page_bytes,
+        a.data_stride,
+        a.scale_base,
+        a.scale_stride,
+        KIND=a.kind,
+        MAIN=a.main,
+        MAIN_P=a.main_p,
+        NOPE=a.nope,
+        TILE=a.tile,
+        TAIL=a.tail,
+        TAIL_P=a.tail_p,
+        TAIL_OFF=a.tail_off,
+        BN=KV_LOAD_ROWS,
+        num_warps=4,
+    )
+    return out

@@ -7,7 +7,7 @@ import torch
 from sglang_ernie55.configuration import SERVING_PAGE_SIZE
 from sglang_ernie55.kernels import layout as L
 from sglang_ernie55.kernels import torch_twin as R
-from sglang_ernie55.kernels.kv_store import kv_store
+from sglang_ernie55.kernels.kv_store import kv_load, kv_store
 from tests.kernels.kutil import DEV, poison, rel
 
 GEOMS = {
@@ -76,6 +76,12 @@ def _check(name, n_tok, pages, dtype=torch.bfloat16):
     back = R.pool_gather(got.cpu(), g, slots[keep])
     tol = 0.04 if g.layout.is_fp8 else (0.0 if dtype == torch.bfloat16 else 4e-3)  # bf16 rounding of fp32
     assert rel(back, x[keep].float()) <= tol
+    # kv_load reads the same values back (exact in bf16), zeros for slot -1
+    for out_dtype in (torch.bfloat16, torch.float32):
+        loaded = kv_load(got, g, slots.to(DEV), out_dtype).cpu()
+        assert loaded.dtype == out_dtype and loaded.shape == (n_tok, width)
+        assert torch.equal(loaded[keep].float(), back), name
+        assert not loaded[~keep].any(), name
 
 
 @pytest.mark.parametrize("name", list(GEOMS))
@@ -104,6 +110,16 @@ def test_layout_constants():
     assert L.mla_geometry("fp8").bytes_per_token == 656
     assert L.idx_geometry("fp8").bytes_per_token == 132
     assert L.hca_geometry("bf16").bytes_per_token == 1024 and L.mla_geometry("bf16").bytes_per_token == 1152
+
+
+def test_kv_load_of_no_tokens_and_bad_arguments():
+    g = L.mla_geometry("fp8")
+    pool = torch.zeros(2, g.page_bytes, dtype=torch.uint8, device=DEV)
+    assert kv_load(pool, g, torch.zeros(0, dtype=torch.int64, device=DEV)).shape == (0, 576)
+    with pytest.raises(ValueError, match="kv_load.dtype"):
+        kv_load(pool, g, torch.zeros(1, dtype=torch.int64, device=DEV), torch.float16)
+    with pytest.raises(ValueError, match="kv_load.loc"):
+        kv_load(pool, g, torch.zeros(1, device=DEV))
 
 
 def test_kv_store_rejects_bad_shapes():

@@ -271,6 +271,42 @@ def test_extend_jobs_equal_the_host_planner(variant, seed):
     assert m.index_config == kp.LOGITS_EXTEND  # the indexer variant of extend rows
 
 
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_extend_dense_rows_map_every_position_to_its_slot(seed, monkeypatch):
+    """FlashMLA sparse prefill's copy of the batch's latent rows: the top-k's position -> copy row through
+    dense_pt lands on the copy row holding that position's full-pool slot (dense_loc), for every causal
+    position of every request (shuffled pages, prefixes, several requests); -1 past each request's length; no
+    copy for a batch past MLA_DENSE_ROWS, nor on a path without the sparse prefill."""
+    rnd = random.Random(seed)
+    be, r2t = _backend()
+    reqs = rnd.sample(range(6), rnd.randint(1, 4))
+    prefix = [rnd.choice([0, 256, rnd.randint(0, 700)]) for _ in reqs]
+    ext = [rnd.randint(1, 600) for _ in reqs]
+    lens = [0] * 6
+    for r, p, e in zip(reqs, prefix, ext):
+        lens[r] = p + e
+    _fill_pages(r2t, lens, seed)
+    path = _kernel_path(be, r2t)
+    fb = _extend_fb(r2t, reqs, prefix, ext)
+    assert path.extend_meta(fb).dense_loc is None  # no FlashMLA here
+    path.mla_prefill = True
+    m = path.extend_meta(fb)
+    seq = [p + e for p, e in zip(prefix, ext)]
+    assert m.dense_loc.shape == (sum(-(-L // PAGE) for L in seq) * PAGE,) and m.dense_loc.dtype == torch.int64
+    assert m.dense_pt.dtype == torch.int32 and m.dense_pt.shape == m.page_table.shape
+    covered = torch.zeros_like(m.dense_loc, dtype=torch.bool)
+    for b, (r, L) in enumerate(zip(reqs, seq)):
+        s = torch.arange(L)
+        row = m.dense_pt[b, s // PAGE].long() * PAGE + s % PAGE
+        assert m.dense_loc[row].tolist() == r2t[r, :L].tolist()
+        covered[row] = True
+    assert (m.dense_loc[~covered] == -1).all()
+    assert kp.meta_difference(m, m) == "" and kp.meta_difference(m, path.extend_meta(fb)) == ""
+    monkeypatch.setattr(kp, "MLA_DENSE_ROWS", sum(-(-L // PAGE) for L in seq) * PAGE - 1)
+    assert path.extend_meta(fb).dense_loc is None
+    assert kp.meta_difference(m, path.extend_meta(fb)) == "dense_loc"
+
+
 def test_decode_graph_rows_padded_rows_write_nothing():
     """A padded CUDA-graph row (request slot 0, out_cache_loc 0 in the padding page, seq len 128 so that
     it would complete a block) gets no compression job and no state row; the real rows do."""
