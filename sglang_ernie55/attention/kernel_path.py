@@ -171,12 +171,10 @@ def _flashmla_prefill(
     return o[:, :h]
 
 
-def _sparse_prefill_fits(topk: int) -> bool:
-    """Whether MLA-DSA extend batches run FlashMLA's sparse prefill (`SGLANG_ERNIE55_MLA_SPARSE_PREFILL`, default
-    on): its legacy SM90 kernel loads (the one that reads d_qk 576) and reads top-k rows in blocks of 64."""
-    from ..envs import mla_sparse_prefill
-
-    if not mla_sparse_prefill() or topk % FLASHMLA_TOPK_ALIGN:
+def sparse_prefill_runs(topk: int) -> bool:
+    """Whether FlashMLA's sparse prefill can serve MLA-DSA extend rows here: its legacy SM90 kernel (the one that
+    reads d_qk 576) loads on an SM90 GPU, and the top-k rows come in blocks of 64."""
+    if topk % FLASHMLA_TOPK_ALIGN:
         return False
     try:
         import flash_mla
@@ -320,7 +318,11 @@ class KernelPath:
         self._rope_tables: dict = {}
         self.fused_meta = self._fused_meta_works() if fused_meta is None else fused_meta
         self.fused_topk = self._fused_topk_works() if fused_topk is None else fused_topk
-        self.mla_prefill = LAYER_MLA_DSA in self.flashmla and _sparse_prefill_fits(self.topk)
+        from ..envs import mla_sparse_prefill
+
+        self.mla_prefill = (
+            LAYER_MLA_DSA in self.flashmla and mla_sparse_prefill() and sparse_prefill_runs(self.topk)
+        )
 
     # ------------------------------------------------------------------ metadata
     def init_extend(self, fb, split=None) -> None:

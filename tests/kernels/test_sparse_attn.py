@@ -378,10 +378,10 @@ def test_mla_sparse_full(kv, cfg):
         fo, _ = flashmla_sparse_attention(q, Scope(pool, g, idx, ln), sm_scale=192**-0.5, d_v=512)
         assert rel(fo.float(), o.float()) < 1e-2, rel(fo.float(), o.float())
         # extend batches: FlashMLA's sparse prefill over the pool's rows dequantised to bf16 (copy row = slot)
-        from sglang_ernie55.attention.kernel_path import _flashmla_prefill, _sparse_prefill_fits
+        from sglang_ernie55.attention.kernel_path import _flashmla_prefill, sparse_prefill_runs
         from sglang_ernie55.kernels.kv_store import kv_load
 
-        if _sparse_prefill_fits(topk):
+        if sparse_prefill_runs(topk):
             dense = kv_load(pool, g, torch.arange(pool.shape[0] * g.page_size, device=DEV)).unsqueeze(1)
             po = _flashmla_prefill(q, dense, idx, 192**-0.5, 512)
             assert rel(po.float().cpu(), ref) < TOL[kv], rel(po.float().cpu(), ref)

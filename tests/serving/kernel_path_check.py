@@ -313,12 +313,18 @@ class BackendRun:
             impl: all(getattr(i, "fused_topk", False) for i in be._distinct)
             for impl, be in self.backs.items()
         }
+        # whether MLA-DSA extend rows ran FlashMLA's sparse prefill over a bf16 copy (KernelPath.mla_prefill)
+        prefill = {
+            impl: any(getattr(i, "mla_prefill", False) for i in be._distinct)
+            for impl, be in self.backs.items()
+        }
         self.report: dict = {
             "kv": kv,
             "device": device,
             "geometry": geometry,
             "fused_meta": fused,
             "fused_topk": fused_topk,
+            "mla_sparse_prefill": prefill,
             "steps": {},
         }
 

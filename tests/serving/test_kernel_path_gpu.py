@@ -38,6 +38,19 @@ def test_backend_kernel_paths_equal_twin_full_width(kv):
     assert all(rep["fused_topk"].values()), rep["fused_topk"]
 
 
+def test_backend_mla_sparse_prefill_equals_twin_full_width(monkeypatch):
+    """The same batches with MLA-DSA extend rows on FlashMLA's sparse prefill (SGLANG_ERNIE55_MLA_SPARSE_PREFILL=1:
+    the batch's latent rows copied to bf16 once per layer, the top-k into the copy)."""
+    from sglang_ernie55.attention.kernel_path import sparse_prefill_runs
+
+    if not sparse_prefill_runs(2048):
+        pytest.skip("FlashMLA's legacy sparse prefill kernel runs on SM90 GPUs only")
+    monkeypatch.setenv("SGLANG_ERNIE55_MLA_SPARSE_PREFILL", "1")
+    rep = kpc.run_backend("fp8_e4m3", "cuda", "full", _impls("fp8_e4m3"))
+    print(json.dumps(rep))
+    assert rep["mla_sparse_prefill"]["flashmla"], rep
+
+
 @pytest.mark.parametrize("kv", ["fp8_e4m3", "bfloat16"])
 def test_backend_verify_equals_twin_full_width(kv):
     """TARGET_VERIFY (4 rows per request, two-block state ring) across a block and a page, rejected drafts
