@@ -526,6 +526,18 @@ def one_token_ttft(res: dict) -> dict:
     )
 
 
+def unmeasured_timings(res: dict) -> dict:
+    """A run in which no response chunk carried text (random tokens that decode to nothing until the end): SGLang's
+    client then reports TTFT and ITL as 0 and a TPOT that includes the prefill. Those fields become None (printed
+    '-') with `timings` saying why; other runs are left as they are ({})."""
+    if res.get("median_ttft_ms") or res.get("median_itl_ms") or not res.get("completed"):
+        return {}
+    keys = ("median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "median_itl_ms", "p99_itl_ms")
+    return {k: None for k in keys} | {
+        "timings": "no response chunk carried text: TTFT / TPOT / ITL not measured"
+    }
+
+
 def run_client(url: str, ckpt: Path, run: dict, out: Path, tag: str) -> dict:
     """One `sglang.benchmark.serving` run; its JSONL line, reduced to KEEP."""
     res_file = out / f"client-{tag}.jsonl"
@@ -635,6 +647,8 @@ def main(argv=None) -> int:
                     )
                 if run["workload"] == "long-prompt":
                     row.update(one_token_ttft(res))
+                else:
+                    row.update(unmeasured_timings(res))
                     row["prefill_tokens"] = a.long_len
                     row["prefill_flops"] = prefill_flops(ckpt, a.long_len)
                     row["prefill_flop_floor_ms"] = flop_floor_ms(row["prefill_flops"], rates)
@@ -650,8 +664,8 @@ def main(argv=None) -> int:
                 say(
                     t0,
                     f"[{config}] {tag}: {res['completed']}/{run['prompts']} completed, "
-                    f"{res['output_throughput']:.1f} output tok/s, median TTFT {res['median_ttft_ms']:.0f} ms, "
-                    f"median ITL {res['median_itl_ms']:.1f} ms"
+                    f"{res['output_throughput']:.1f} output tok/s, median TTFT {_f(row['median_ttft_ms'], '.0f')} ms, "
+                    f"median ITL {_f(row['median_itl_ms'], '.1f')} ms"
                     + (f", accept length {res['accept_length']:.2f}" if res.get("accept_length") else ""),
                 )
         except (demo.DemoFailed, RuntimeError) as e:  # a server that did not start, a client that failed

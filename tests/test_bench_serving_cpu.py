@@ -115,6 +115,24 @@ def test_one_token_ttft_is_the_end_to_end_latency():
     assert all("--flush-cache" in r["args"] for r in args if r["workload"] != "shared-prefix")
 
 
+def test_runs_without_a_text_chunk_report_no_timings():
+    """A client run whose chunks carried no text reports TTFT / ITL 0 and a TPOT holding the prefill: shown as
+    not measured. A run with a TTFT keeps its figures, and so does one that completed nothing."""
+    blind = dict(
+        completed=1,
+        median_ttft_ms=0.0,
+        p99_ttft_ms=0.0,
+        median_itl_ms=0.0,
+        p99_itl_ms=0.0,
+        median_tpot_ms=3.76,
+    )
+    got = bsv.unmeasured_timings(blind)
+    assert got["median_ttft_ms"] is None and got["median_tpot_ms"] is None and got["p99_itl_ms"] is None
+    assert "not measured" in got["timings"]
+    assert bsv.unmeasured_timings(blind | {"median_ttft_ms": 345.0, "median_itl_ms": 1.4}) == {}
+    assert bsv.unmeasured_timings(blind | {"completed": 0}) == {}
+
+
 def test_prefill_flops_count_every_matrix_and_each_positions_attention(tiny_fp8):
     """The Linears' FLOPs are 2 x T x each stored matrix (experts at k/E, the LM head once, no embedding, ECHO
     layer or scales), read here from the shards themselves; one more prompt token adds those per-token FLOPs and
