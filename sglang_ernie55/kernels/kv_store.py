@@ -13,6 +13,33 @@ from ._triton.kv_store import kv_load_kernel, kv_store_kernel
 from .layout import Geometry
 
 
+def _launch(kernel, programs: int, head: tuple, pool: torch.Tensor, a, **constexprs) -> None:
+    """Launch a pool kernel whose arguments are `head`, then the pool's four views and its `pool_args`."""
+    u8, f8, bf, f32 = pool_views(pool)
+    kernel[(programs,)](
+        *head,
+        u8,
+        f8,
+        bf,
+        f32,
+        a.page_size,
+        a.page_bytes,
+        a.data_stride,
+        a.scale_base,
+        a.scale_stride,
+        KIND=a.kind,
+        MAIN=a.main,
+        MAIN_P=a.main_p,
+        NOPE=a.nope,
+        TILE=a.tile,
+        TAIL=a.tail,
+        TAIL_P=a.tail_p,
+        TAIL_OFF=a.tail_off,
+        num_warps=4,
+        **constexprs,
+    )
+
+
 def kv_store(pool: torch.Tensor, g: Geometry, loc: torch.Tensor, x: torch.Tensor) -> None:
     """Store N tokens.
 
@@ -38,30 +65,13 @@ def kv_store(pool: torch.Tensor, g: Geometry, loc: torch.Tensor, x: torch.Tensor
     check(loc.device == pool.device == x.device, "kv_store: pool, loc and x on one device")
     if x.shape[0] == 0:
         return
-    u8, f8, bf, f32 = pool_views(pool)
-    kv_store_kernel[(x.shape[0],)](
-        x,
-        x.stride(0),
-        loc,
-        u8,
-        f8,
-        bf,
-        f32,
-        a.page_size,
-        a.page_bytes,
-        a.data_stride,
-        a.scale_base,
-        a.scale_stride,
-        KIND=a.kind,
-        MAIN=a.main,
-        MAIN_P=a.main_p,
-        NOPE=a.nope,
-        TILE=a.tile,
-        TAIL=a.tail,
-        TAIL_P=a.tail_p,
-        TAIL_OFF=a.tail_off,
+    _launch(
+        kv_store_kernel,
+        x.shape[0],
+        (x, x.stride(0), loc),
+        pool,
+        a,
         SCALE_BYTES=g.scale_stride if a.kind == 1 else 0,
-        num_warps=4,
     )
 
 
@@ -83,30 +93,5 @@ def kv_load(
     out = torch.empty(N, a.main + a.tail, dtype=dtype, device=pool.device)
     if N == 0:
         return out
-    u8, f8, bf, f32 = pool_views(pool)
-    kv_load_kernel[(-(-N // KV_LOAD_ROWS),)](
-        out,
-        out.stride(0),
-        loc,
-        N,
-        u8,
-        f8,
-        bf,
-        f32,
-        a.page_size,
-        a.page_bytes,
-        a.data_stride,
-        a.scale_base,
-        a.scale_stride,
-        KIND=a.kind,
-        MAIN=a.main,
-        MAIN_P=a.main_p,
-        NOPE=a.nope,
-        TILE=a.tile,
-        TAIL=a.tail,
-        TAIL_P=a.tail_p,
-        TAIL_OFF=a.tail_off,
-        BN=KV_LOAD_ROWS,
-        num_warps=4,
-    )
+    _launch(kv_load_kernel, -(-N // KV_LOAD_ROWS), (out, out.stride(0), loc, N), pool, a, BN=KV_LOAD_ROWS)
     return out
