@@ -645,10 +645,10 @@ def main(argv=None) -> int:
                     row["step_weight_bytes"], row["roofline_tok_s"] = roofline_tok_s(
                         w, run["concurrency"], bw
                     )
-                if run["workload"] == "long-prompt":
-                    row.update(one_token_ttft(res))
-                else:
+                if run["workload"] != "long-prompt":
                     row.update(unmeasured_timings(res))
+                else:
+                    row.update(one_token_ttft(res))
                     row["prefill_tokens"] = a.long_len
                     row["prefill_flops"] = prefill_flops(ckpt, a.long_len)
                     row["prefill_flop_floor_ms"] = flop_floor_ms(row["prefill_flops"], rates)
