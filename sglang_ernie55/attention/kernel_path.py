@@ -128,6 +128,13 @@ def _mla_chunks(ext: list[int], seq: list[int]) -> list[tuple[int, int, int]]:
     return out
 
 
+def _pad_heads(q: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """q [T, h, D] with zero heads appended up to FlashMLA's next head count; returns it and the pad."""
+    h = q.shape[1]
+    pad = next(x for x in FLASHMLA_HEADS if x >= h) - h
+    return (torch.nn.functional.pad(q, (0, 0, 0, pad)) if pad else q), pad
+
+
 def _flashmla(
     meta: KernelMeta,
     key,
@@ -141,11 +148,10 @@ def _flashmla(
     """flashmla_sparse_attention with the heads padded to 64 / 128 and the forward's shared schedule."""
     import flash_mla
 
-    T, h, _ = q.shape
-    hp = next(x for x in FLASHMLA_HEADS if x >= h)
-    if hp != h:
-        q = torch.nn.functional.pad(q, (0, 0, 0, hp - h))
-        sink = None if sink is None else torch.nn.functional.pad(sink, (0, hp - h))
+    h = q.shape[1]
+    q, pad = _pad_heads(q)
+    if sink is not None and pad:
+        sink = torch.nn.functional.pad(sink, (0, pad))
     sched = meta.sched.get(key)
     if sched is None:
         sched = meta.sched[key] = flash_mla.get_mla_metadata()[0]
@@ -163,10 +169,7 @@ def _flashmla_prefill(
     import flash_mla
 
     T, h, _ = q.shape
-    hp = next(x for x in FLASHMLA_HEADS if x >= h)
-    q = q.to(torch.bfloat16)
-    if hp != h:
-        q = torch.nn.functional.pad(q, (0, 0, 0, hp - h))
+    q, _ = _pad_heads(q.to(torch.bfloat16))
     o = flash_mla.flash_mla_sparse_fwd(q.contiguous(), kv, sel.view(T, 1, -1), scale, d_v, use_legacy=True)[0]
     return o[:, :h]
 
@@ -526,9 +529,10 @@ class KernelPath:
             _mla_chunks(ext, seq),
             LOGITS_EXTEND,
         )
-        pages = [-(-x // self.page_size) for x in seq]
-        if self.mla_prefill and sum(pages) * self.page_size <= MLA_DENSE_ROWS:
-            meta.dense_loc, meta.dense_pt = self.dense_rows(meta.page_table, L, pages)
+        if self.mla_prefill:
+            pages = [-(-x // self.page_size) for x in seq]
+            if sum(pages) * self.page_size <= MLA_DENSE_ROWS:
+                meta.dense_loc, meta.dense_pt = self.dense_rows(meta.page_table, L, pages)
         return meta
 
     def dense_rows(self, page_table, L, pages: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -677,13 +681,14 @@ class KernelPath:
             topk = indexer_topk if self.fused_topk else indexer_topk_torch
             sel, n = topk(logits, pos, self.topk, page_table, req, self.page_size)
             del logits
-            main = Scope(lat.pool, lat.geom, sel, n)
             if dense:
                 o = _flashmla_prefill(qb[t0:t1], kv_dense, sel, layer.scaling, R)
                 if single:
                     return o
                 out[t0:t1] = o
-            elif flashmla:
+                continue
+            main = Scope(lat.pool, lat.geom, sel, n)
+            if flashmla:
                 o = _flashmla(meta, ("mla", ci), qb[t0:t1], main, None, layer.scaling, R, None)
                 if single:
                     return o
