@@ -2,8 +2,7 @@
 attention/kernel_path.py, `INDEXER_LOGITS_BUDGET`) of one request's last rows, 64 heads x 128, keys read through
 a shuffled page table from the fp8 (or bf16) indexer-key pool.
 
-For each launch config of `indexer_logits` (keys per step, warps, variant, query rows per program, stages;
-serving's extend config first) it prints the time,
+For each launch config of `indexer_logits` (keys per step, warps, variant, stages; serving's extend config first) it prints the time,
 the FLOP rate (causal pairs x heads x 2 x head dim) against the bf16 GEMM rate measured in the same run (the
 floor), and the peer: the same logits in torch (one cuBLAS GEMM of every row's heads against the keys already
 dequantised outside the timing, ReLU, the weighted head sum, the causal mask). Every config's logits are
@@ -127,11 +126,9 @@ def main(argv=None) -> int:
         flush=True,
     )
     first = [(*LOGITS_EXTEND, 3), (*LOGITS_DECODE, 3)]
-    decode = [(bn, wp, False, 1, 3) for bn, wp in itertools.product((32, 64, 128, 256), (4, 8))]
-    extend = [
-        (bn, wp, True, r, 3) for r in (1, 2, 4) for bn, wp in itertools.product((32, 64, 128, 256), (4, 8))
+    configs = first + [
+        c for c in itertools.product((32, 64, 128, 256), (4, 8), (True, False), (3,)) if c not in first
     ]
-    configs = first + [c for c in extend + decode if c not in first]
     if a.topk_only:
         configs = first[:1]
     rows_out = []
@@ -173,14 +170,12 @@ def main(argv=None) -> int:
             f"torch peer {peer_us:.0f} us",
             flush=True,
         )
-        print(
-            "| keys/step | warps | variant | rows/program | stages | us | TFLOP/s | x floor | peer / ours |"
-        )
-        print("| ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
-        for bn, wp, ext, nr, st in configs:
-            name = f"| {bn} | {wp} | {'extend' if ext else 'decode'} | {nr} | {st} |"
+        print("| keys/step | warps | variant | stages | us | TFLOP/s | x floor | peer / ours |")
+        print("| ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: |")
+        for bn, wp, ext, st in configs:
+            name = f"| {bn} | {wp} | {'extend' if ext else 'decode'} | {st} |"
             fn = functools.partial(
-                indexer_logits, q, w, pool, g, pt, req, pos, S, config=(bn, wp, ext, nr), num_stages=st
+                indexer_logits, q, w, pool, g, pt, req, pos, S, config=(bn, wp, ext), num_stages=st
             )
             try:
                 got = fn()
@@ -200,7 +195,6 @@ def main(argv=None) -> int:
                     block_n=bn,
                     warps=wp,
                     variant="extend" if ext else "decode",
-                    rows_per_program=nr,
                     stages=st,
                     us=us,
                     tflops=tflops,
