@@ -113,7 +113,12 @@ def test_reference_greedy_guess_only_saves_time(tiny_ckpt):
     ids = alone["ids"]
     assert len(ids) == 4 or ids[-1] == alone["eos"]
     for guess in (ids, ids[:2] + [(t + 1) % 512 for t in ids[2:]]):
-        assert demo.reference_greedy(tiny_ckpt, 4, round_kv_bf16=True, guess=guess) == alone
+        got = demo.reference_greedy(tiny_ckpt, 4, round_kv_bf16=True, guess=guess)
+        gaps = got.pop("guess_gaps")
+        assert got == alone
+        # the reference's own tokens are its top choice; the first changed one trails it
+        assert len(gaps) == len(guess) and gaps[:2] == [0.0, 0.0]
+        assert gaps[2:] == [0.0] * (len(ids) - 2) if guess == ids else gaps[2] > 0
 
 
 @pytest.mark.slow
@@ -341,5 +346,14 @@ def test_compare(tmp_path, capsys, cpu):
         out = capsys.readouterr().out
         assert "agree on the first 2 of 4 tokens, then differ. Expected, not a failure" in out
         assert "fp8_e4m3 KV" in out and "sglang-ernie55 demo --cpu" in out
+        assert "scored by" not in out  # no gaps given
+        for gaps, warned in (([0.0, 0.0, 0.02, 0.3], False), ([0.0, 0.0, 2.5, 0.1], True)):
+            d._compare(
+                other, {**ref, "guess_gaps": gaps}, strict=False, cpu=False, log_path=tmp_path / "s.log"
+            )
+            out = capsys.readouterr().out
+            assert "its top choice at 2 of 4 positions" in out
+            assert ("WARNING: token 2 is 2.50 nats" in out) == warned
+            assert f"at most {max(gaps):.3f} nats" in out
     with pytest.raises(demo.DemoFailed, match="read the prompt as 4 tokens"):
         d._compare({"ids": [7], "prompt_tokens": 4}, ref, strict=cpu, cpu=cpu, log_path=tmp_path / "s.log")

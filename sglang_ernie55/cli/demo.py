@@ -405,13 +405,19 @@ def _bf16_kv_rounding():
     return ctx()
 
 
+# nats by which the reference's choice may lead a GPU server's token (rounding of bf16 activations, fp8 KV,
+# FP8 inputs) before the demo warns
+SUSPECT_GAP = 1.0
+
+
 def reference_greedy(ckpt: Path, max_tokens: int, round_kv_bf16: bool, guess: list[int] = ()) -> dict:
     """The reference model's greedy continuation of PROMPT (fp32), stopping after EOS:
     {"prompt_ids", "ids", "text", "eos"}. Whole-sequence forwards, so the K/V rounding reaches every cached
     tensor (the compressed HCA entries included). `guess` (the server's tokens) only saves time: one
     forward over prompt + guess gives the greedy token at every position, which is the reference's own
     continuation up to and including the first position where it disagrees; from there on it continues
-    alone, one forward per token."""
+    alone, one forward per token. With a guess, "guess_gaps" holds, for each guessed token, how many nats
+    the reference's top choice leads it by at that position, given the guess's own prefix (0: its top choice)."""
     import contextlib
 
     import torch
@@ -429,16 +435,20 @@ def reference_greedy(ckpt: Path, max_tokens: int, round_kv_bf16: bool, guess: li
     eos, n = config.eos_token_id, len(prompt_ids)
     guess = list(guess)[:max_tokens]
     out: list[int] = []
+    gaps: list[float] = []
     with _bf16_kv_rounding() if round_kv_bf16 else contextlib.nullcontext(), torch.no_grad():
         if guess:
             logits = model.forward(torch.tensor(prompt_ids + guess)).logits[n - 1 : n - 1 + len(guess)]
+            lp = torch.log_softmax(logits.float(), -1)
+            gaps = (lp.max(-1).values - lp[torch.arange(len(guess)), torch.tensor(guess)]).tolist()
             for want, got in zip(guess, logits.argmax(-1).tolist()):
                 out.append(got)
                 if got != want or got == eos:
                     break
         while len(out) < max_tokens and (not out or out[-1] != eos):
             out.append(int(torch.argmax(model.forward(torch.tensor(prompt_ids + out)).logits[-1])))
-    return {"prompt_ids": prompt_ids, "ids": out, "text": tok.decode(out), "eos": eos}
+    ref = {"prompt_ids": prompt_ids, "ids": out, "text": tok.decode(out), "eos": eos}
+    return {**ref, "guess_gaps": gaps} if guess else ref
 
 
 def _strip_eos(ids: list[int], eos: int | None) -> list[int]:
@@ -532,6 +542,26 @@ class _Demo:
             say(
                 f"the server and the reference agree on the first {first_diff} of {n} tokens, then differ. "
                 f"Expected, not a failure: {self._why_loose(cpu)}"
+            )
+            self._score(ref.get("guess_gaps") or [])
+
+    def _score(self, gaps: list[float]) -> None:
+        """The server's tokens scored by the reference on the server's own prefix: greedy continuations part
+        at the first near-tie, but each token should still be the reference's choice or a near-tie."""
+        if not gaps:
+            return
+        say = self.clock.say
+        top = sum(g == 0.0 for g in gaps)
+        worst = max(range(len(gaps)), key=gaps.__getitem__)
+        say(
+            f"scored by the reference on the server's own tokens: its top choice at {top} of {len(gaps)} "
+            f"positions; elsewhere its choice leads by at most {gaps[worst]:.3f} nats (token {worst})"
+        )
+        if gaps[worst] > SUSPECT_GAP:
+            say(
+                f"WARNING: token {worst} is {gaps[worst]:.2f} nats below the reference's choice, more than the "
+                f"rounding explains on this tiny model (at most {SUSPECT_GAP} nats expected): please report it "
+                "with the server log"
             )
 
     def _why_loose(self, cpu: bool) -> str:
