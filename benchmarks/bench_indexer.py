@@ -2,9 +2,9 @@
 attention/kernel_path.py, `INDEXER_LOGITS_BUDGET`) of one request's last rows, 64 heads x 128, keys read through
 a shuffled page table from the fp8 (or bf16) indexer-key pool.
 
-For each launch config of `indexer_logits` (keys per step, warps, variant, stages; serving's extend config first) it prints the time,
-the FLOP rate (causal pairs x heads x 2 x head dim) against the bf16 GEMM rate measured in the same run (the
-floor), and the peer: the same logits in torch (one cuBLAS GEMM of every row's heads against the keys already
+For each launch config of `indexer_logits` (keys per step, warps, variant, keys major, stages; serving's extend
+config first) it prints the time, the FLOP rate (causal pairs x heads x 2 x head dim) against the bf16 GEMM rate
+measured in the same run (the floor), and the peer: the same logits in torch (one cuBLAS GEMM of every row's heads against the keys already
 dequantised outside the timing, ReLU, the weighted head sum, the causal mask). Every config's logits are
 checked against the default config's before it is timed. Then the top-k over the same logits: one program per
 row in serving's configs and others, each checked against serving's and timed against its byte floor (the causal
@@ -127,7 +127,9 @@ def main(argv=None) -> int:
     )
     first = [(*LOGITS_EXTEND, 3), (*LOGITS_DECODE, 3)]
     configs = first + [
-        c for c in itertools.product((32, 64, 128, 256), (4, 8), (True, False), (3,)) if c not in first
+        c
+        for c in itertools.product((32, 64, 128, 256), (4, 8), (True, False), (False, True), (3,))
+        if c not in first
     ]
     if a.topk_only:
         configs = first[:1]
@@ -170,12 +172,12 @@ def main(argv=None) -> int:
             f"torch peer {peer_us:.0f} us",
             flush=True,
         )
-        print("| keys/step | warps | variant | stages | us | TFLOP/s | x floor | peer / ours |")
-        print("| ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: |")
-        for bn, wp, ext, st in configs:
-            name = f"| {bn} | {wp} | {'extend' if ext else 'decode'} | {st} |"
+        print("| keys/step | warps | variant | keys major | stages | us | TFLOP/s | x floor | peer / ours |")
+        print("| ---: | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: |")
+        for bn, wp, ext, km, st in configs:
+            name = f"| {bn} | {wp} | {'extend' if ext else 'decode'} | {'yes' if km else 'no'} | {st} |"
             fn = functools.partial(
-                indexer_logits, q, w, pool, g, pt, req, pos, S, config=(bn, wp, ext), num_stages=st
+                indexer_logits, q, w, pool, g, pt, req, pos, S, config=(bn, wp, ext, km), num_stages=st
             )
             try:
                 got = fn()
@@ -195,6 +197,7 @@ def main(argv=None) -> int:
                     block_n=bn,
                     warps=wp,
                     variant="extend" if ext else "decode",
+                    keys_major=km,
                     stages=st,
                     us=us,
                     tflops=tflops,

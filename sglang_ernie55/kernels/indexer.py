@@ -26,7 +26,7 @@ def indexer_logits(
     max_len: int,
     out: torch.Tensor | None = None,
     keys_per_prog: int = 1024,
-    config: tuple[int, int, bool] | None = None,
+    config: tuple[int, int, bool, bool] | None = None,
     num_stages: int = 3,
 ) -> torch.Tensor:
     """Returns logits fp32 [T, max_len]: I(t, s) for s <= q_pos[t], -inf for s > q_pos[t], where
@@ -39,8 +39,9 @@ def indexer_logits(
     page_table: int32 [B, max_pages]: page of position s of request b is page_table[b, s // page_size].
     q_req:      int32 [T] request row of each query; q_pos: int32 [T] query position (keys s <= q_pos).
     max_len:    >= max(q_pos) + 1 (host int: the logits width).
-    config:     (keys per step, warps, extend variant): `LOGITS_DECODE` (the default) or `LOGITS_EXTEND`
-                (kernels/_triton/indexer.py: the same logits, each variant faster for its rows).
+    config:     (keys per step, warps, extend variant, keys major): `LOGITS_DECODE` (the default) or
+                `LOGITS_EXTEND` (kernels/_triton/indexer.py: the same logits, each variant faster for its rows;
+                keys major puts the keys on the dot's M side, see `_head_sum`).
     """
     check(g.layout in (KVLayout.IDX_FP8, KVLayout.IDX_BF16), f"pool: an indexer layout, got {g.layout.value}")
     check_pool(pool, g, "indexer_logits.pool")
@@ -69,7 +70,7 @@ def indexer_logits(
     )
     if T == 0 or max_len == 0:
         return out
-    block_n, num_warps, extend = config or LOGITS_DECODE
+    block_n, num_warps, extend, keys_major = config or LOGITS_DECODE
     keys_per_prog = triton.cdiv(min(keys_per_prog, max_len), block_n) * block_n
     grid = (T, triton.cdiv(max_len, keys_per_prog))
     indexer_logits_kernel[grid](
@@ -102,16 +103,17 @@ def indexer_logits(
         BN=block_n,
         DT=dot_dtype(qI.dtype == torch.float32),
         EXTEND=extend,
+        KM=keys_major,
         num_warps=num_warps,
         num_stages=num_stages,
     )
     return out
 
 
-# `indexer_logits` (keys per step, warps, extend variant) for decode rows (one per request) and for extend rows
+# `indexer_logits` (keys per step, warps, extend variant, keys major) for decode rows (one per request) and for extend rows
 # (hundreds of one request's rows per indexer chunk), from benchmarks/bench_indexer.py and bench_decode.py
-LOGITS_DECODE = (64, 4, False)
-LOGITS_EXTEND = (128, 4, True)
+LOGITS_DECODE = (64, 4, False, False)
+LOGITS_EXTEND = (128, 4, True, False)
 
 
 def _ordered_key(logits: torch.Tensor) -> torch.Tensor:

@@ -12,6 +12,16 @@ from .common import cols, load_main, token_rows
 
 
 @triton.jit
+def _head_sum(q, k, w, KM: tl.constexpr):
+    """sum_h w[h] ReLU(q[h] . k[n]) for the BN keys k [BN, D] and the heads q [BNI, D]: heads on the dot's M
+    side and a sum across its rows, or with KM (keys major) keys on the M side and the sum along each
+    accumulator row."""
+    if KM:
+        return tl.sum(tl.maximum(tl.dot(k, tl.trans(q), input_precision="ieee"), 0.0) * w[None, :], 1)
+    return tl.sum(tl.maximum(tl.dot(q, tl.trans(k), input_precision="ieee"), 0.0) * w[:, None], 0)
+
+
+@triton.jit
 def indexer_logits_kernel(
     q_ptr,
     q_stride_t,
@@ -45,6 +55,7 @@ def indexer_logits_kernel(
     BN: tl.constexpr,
     DT: tl.constexpr,
     EXTEND: tl.constexpr,
+    KM: tl.constexpr,
 ):
     """Each variant is the faster where serving launches it (benchmarks/bench_indexer.py, docs/benchmarks.md):
     decode (EXTEND off) dequantises the key tile as it reads it (`load_main`). Extend (EXTEND on) multiplies the
@@ -80,8 +91,7 @@ def indexer_logits_kernel(
                     k = tl.load(bf_ptr + (row[:, None] + 2 * d[None, :]) // 2, mask=m, other=0.0).to(DT)
                 else:
                     k = tl.load(f8_ptr + row[:, None] + d[None, :], mask=m, other=0.0).to(DT)
-                sc = tl.dot(q, tl.trans(k), input_precision="ieee")
-                logit = tl.sum(tl.maximum(sc, 0.0) * w[:, None], 0)
+                logit = _head_sum(q, k, w, KM)
                 if KIND != 0:
                     logit = logit * tl.load(f32_ptr + srow // 4, mask=valid, other=1.0)
                 logit = tl.where(valid, logit, float("-inf"))
@@ -94,8 +104,6 @@ def indexer_logits_kernel(
             k = load_main(
                 u8_ptr, f8_ptr, bf_ptr, f32_ptr, row, srow, valid, KIND, DI, DI_P, NOPE, TILE, BN, DT
             )
-            sc = tl.dot(q, tl.trans(k), input_precision="ieee")
-            sc = tl.maximum(sc, 0.0) * w[:, None]
-            logit = tl.sum(sc, 0)
+            logit = _head_sum(q, k, w, KM)
             logit = tl.where(valid, logit, float("-inf"))
         tl.store(out_ptr + t * out_stride + s, logit, mask=inb)
