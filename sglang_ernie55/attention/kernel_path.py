@@ -67,9 +67,8 @@ class KernelMeta:
     st_req: torch.Tensor  # [T] state slot of each token (-1: padded row, writes nothing)
     st_seq: torch.Tensor  # [T] its request's sequence length after the batch
     mla_chunks: tuple[tuple[int, int, int], ...]  # (t0, t1, logits width) query chunks of the indexer
-    index_config: tuple[int, int, bool, bool] = (
-        LOGITS_DECODE  # indexer_logits' launch config (kernels/indexer.py)
-    )
+    # indexer_logits' launch config (kernels/indexer.py)
+    index_config: tuple[int, int, bool, bool] = LOGITS_DECODE
     # FlashMLA sparse prefill (extend batches, else None): the batch's latent rows as one bf16 copy, each request's
     # pages in turn. dense_loc [pages * page] full-pool slot of each copy row (int64, -1 past the request's
     # length); dense_pt [B, pages] copy page of position s of row b (the top-k's page table into the copy)
