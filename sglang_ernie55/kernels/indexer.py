@@ -110,8 +110,8 @@ def indexer_logits(
     return out
 
 
-# `indexer_logits` (keys per step, warps, extend variant, keys major) for decode rows (one per request) and for extend rows
-# (hundreds of one request's rows per indexer chunk), from benchmarks/bench_indexer.py and bench_decode.py
+# `indexer_logits` (keys per step, warps, extend variant, keys major) for decode rows (one per request) and for
+# extend rows (hundreds of one request's rows per indexer chunk), from benchmarks/bench_indexer.py and bench_decode.py
 LOGITS_DECODE = (64, 4, False, False)
 LOGITS_EXTEND = (128, 4, True, False)
 

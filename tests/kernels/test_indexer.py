@@ -70,8 +70,8 @@ def test_indexer_tiny(kv):
     ids=str,
 )
 def test_indexer_configs_ragged_extend(kv, config):
-    """Serving's two launch configs and narrow ones (keys major or not) on ragged extend rows: the short requests' rows lie whole
-    key tiles before the 300-key width (tiles skipped, written -inf)."""
+    """Serving's two launch configs and narrow ones (keys major or not) on ragged extend rows: the short
+    requests' rows lie whole key tiles before the 300-key width (tiles skipped, written -inf)."""
     _case(kv, [3, 19, 300, 70], [3, 7, 5, 1], nI=5, topk=16, config=config)
 
 
