@@ -6,9 +6,9 @@ For each launch config of `indexer_logits` (keys per step, warps, variant, keys 
 config first) it prints the time, the FLOP rate (causal pairs x heads x 2 x head dim) against the bf16 GEMM rate
 measured in the same run (the floor), and the peer: the same logits in torch (one cuBLAS GEMM of every row's
 heads against the keys already dequantised outside the timing, ReLU, the weighted head sum, the causal mask).
-Every config's logits are checked against the default config's before it is timed. Then the top-k over the same logits: one program per
-row in serving's configs and others, each checked against serving's and timed against its byte floor (the causal
-logits read once at the copy bandwidth measured in the same run).
+Every config's logits are checked against the default config's before it is timed. Then the top-k over the
+same logits: one program per row in serving's configs and others, each checked against serving's and timed
+against its byte floor (the causal logits read once at the copy bandwidth measured in the same run).
 
     python benchmarks/bench_indexer.py [--ctx 8192 32768] [--kv fp8] [--topk-only] [--out DIR]
 """
