@@ -49,6 +49,21 @@ def mla_sparse_prefill() -> bool:
     return _flag("SGLANG_ERNIE55_MLA_SPARSE_PREFILL")
 
 
+PREFILL_WARMUP_MODES = ("auto", "1", "0")
+
+
+def prefill_warmup() -> str:
+    """`SGLANG_ERNIE55_PREFILL_WARMUP`: one of PREFILL_WARMUP_MODES. `auto` (default): an ERNIE-5.5 CUDA server
+    outside PD disaggregation sends one chunk-and-a-half prompt before SGLang's warm-up request, so the first long
+    prompt does not wait for Triton's compiles (sglang_ernie55.warmup); `1`: on any device; `0`: never."""
+    v = os.environ.get("SGLANG_ERNIE55_PREFILL_WARMUP", "auto").strip().lower() or "auto"
+    if v not in PREFILL_WARMUP_MODES:
+        raise ValueError(
+            f"SGLANG_ERNIE55_PREFILL_WARMUP={v!r}: legal values are {', '.join(PREFILL_WARMUP_MODES)}"
+        )
+    return v
+
+
 def sglang_plugins_whitelist() -> set[str] | None:
     """SGLang's own `SGLANG_PLUGINS` whitelist; `ernie55` must be in it when it is set."""
     raw = os.environ.get("SGLANG_PLUGINS", "")

@@ -394,6 +394,16 @@ LEDGER: tuple[Patch, ...] = (
     ),
     # ------------------------------------------------------------------ models (last: imports them strictly)
     Patch(
+        "sglang.srt.entrypoints.http_server:_wait_and_warmup",
+        Kind.AROUND,
+        "sglang_ernie55.warmup:around_wait_and_warmup",
+        ("server_args", "launch_callback", "execute_warmup_func"),
+        "the first long prompt of a fresh server waits for Triton to compile the kernels of a full prefill chunk; "
+        "`--warmups` cannot be defaulted by a model (not overridable), so the warm-up thread sends a "
+        "chunk-and-a-half prompt before SGLang's own warm-up request",
+        "when a model can declare its start-up warm-ups",
+    ),
+    Patch(
         "sglang.srt.models.registry:ModelRegistry.register",
         Kind.MODELS,
         "sglang_ernie55.models",
@@ -410,6 +420,14 @@ LEDGER: tuple[Patch, ...] = (
         ("sglang.srt.arg_groups.resolution_hooks:_OVERRIDABLE_HOOKS", None),
         ("sglang.srt.arg_groups.model_override_base:_MODEL_OVERRIDE_FNS", None),
         (f"{_ASSEMBLER}:_STRATEGIES", None),
+    ),
+    *_reads(
+        "sglang_ernie55.warmup",
+        "the prefill warm-up reads the server's settings and sends its prompt as SGLang's warm-up does",
+        ("sglang.srt.entrypoints.http_server:_execute_server_warmup", ("server_args",)),
+        ("sglang.srt.arg_groups.serving_hook:ssl_verify_of", ("cfg",)),
+        ("sglang.srt.runtime_context:get_parallel", ()),
+        ("sglang.srt.runtime_context:get_serving", ()),
     ),
     *_reads(
         "sglang_ernie55.args.api",

@@ -40,6 +40,7 @@ def test_cpu_server_matches_reference(tmp_path):
             sampling_backend="pytorch",
         ),
         log_name="cpu-server",
+        env={"SGLANG_ERNIE55_PREFILL_WARMUP": "1"},  # `auto` runs it on CUDA servers only
     )
     try:
         first = server.complete_all(base, 8, workers=4)  # mixed batches, chunked prefill, SWA pressure
@@ -60,6 +61,8 @@ def test_cpu_server_matches_reference(tmp_path):
         server.stop()
     log = server.log_path.read_text(errors="replace")
     assert server.attention_impls() == {"hca": "torch", "mla_dsa": "torch"}, "the backend's choice log line"
+    # the prefill warm-up ran before the server listened: a chunk and a half (256 + 128 tokens)
+    assert "prefill warm-up: 1 prompt(s) of 384 tokens" in log and "prefill warm-up done" in log
     _, ref = sh.load_reference(path, "cpu")
     prompts, outs = base + [long, long, base[2]], first + [warm, again, after]
     with sh.kv_rounded_reference():

@@ -107,6 +107,8 @@ def test_default_launch_serves(tmp_path, kind):
     )
     assert planned <= budget
     assert "OutOfMemoryError" not in log
+    # the model's defaults added the prefill warm-up, and it ran before the server listened
+    assert re.search(r"prefill warm-up: 1 prompt\(s\) of \d+ tokens", log) and "prefill warm-up done" in log
     assert all(len(o["tokens"]) == 16 for o in outs)
     if cfg is None:
         return

@@ -1,0 +1,111 @@
+"""A start-up prefill, so the first long prompt does not pay for Triton's compiles.
+
+A full prefill chunk launches kernels that short prompts never do (block-FP8 GEMM tiles picked by row count, the
+indexer's extend variant and top-k over long rows); Triton compiles them on first use. Before SGLang's own warm-up
+request (the server reports healthy after it), an ERNIE-5.5 CUDA server sends one chunk-and-a-half prompt.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from . import envs
+from .arch import is_ernie55
+
+logger = logging.getLogger(__name__)
+
+CHUNK_WHEN_UNCHUNKED = 8192  # the prompt's chunk when chunked prefill is off (-1)
+LAUNCH_WAIT_S = 120  # as long as SGLang's warm-up waits for the server to answer
+
+
+def prompt_len(chunk: int | None, max_input_len: int) -> int:
+    """One full chunk then half a chunk over its cached prefix (the extend path with and without a prefix),
+    within what the server admits."""
+    chunk = chunk if chunk and chunk > 0 else CHUNK_WHEN_UNCHUNKED
+    return max(1, min(chunk + chunk // 2, max_input_len))
+
+
+def wanted(mode: str, ernie55: bool, device: str, disaggregation_mode: str) -> bool:
+    """`SGLANG_ERNIE55_PREFILL_WARMUP` (`auto`: CUDA servers) for ERNIE-5.5 servers outside PD disaggregation."""
+    if mode == "0" or not ernie55 or disaggregation_mode != "null":
+        return False
+    return mode == "1" or device == "cuda"
+
+
+def around_wait_and_warmup(original: Callable, *args: Any, **kwargs: Any) -> Any:
+    """AROUND SGLang's `_wait_and_warmup` (the warm-up thread): its warm-up function runs after the prefill
+    warm-up."""
+    if len(args) >= 3:
+        args = (*args[:2], _prefill_first(args[2]), *args[3:])
+    else:
+        if "execute_warmup_func" not in kwargs:
+            from sglang.srt.entrypoints.http_server import _execute_server_warmup
+
+            kwargs["execute_warmup_func"] = _execute_server_warmup
+        kwargs["execute_warmup_func"] = _prefill_first(kwargs["execute_warmup_func"])
+    return original(*args, **kwargs)
+
+
+def _prefill_first(execute: Callable[[Any], bool]) -> Callable[[Any], bool]:
+    def run(server_args: Any) -> bool:
+        try:
+            prefill_warmup(server_args)
+        except Exception as e:  # the server is as usable without it; SGLang's own warm-up still decides
+            logger.warning("ERNIE-5.5: prefill warm-up skipped: %s: %s", type(e).__name__, e)
+        return execute(server_args)
+
+    return run
+
+
+def prefill_warmup(server_args: Any) -> None:
+    """Wait for the server to answer, then send each data-parallel rank one random prompt of `prompt_len`
+    tokens, two tokens out, through `/generate`."""
+    import requests
+    from sglang.srt.arg_groups.model_override_base import model_config_of
+    from sglang.srt.arg_groups.serving_hook import ssl_verify_of
+    from sglang.srt.runtime_context import get_parallel, get_serving
+
+    mode = envs.prefill_warmup()
+    if mode == "0":
+        return
+    url, verify = server_args.url(), ssl_verify_of(server_args)
+    headers = {"Authorization": f"Bearer {get_serving().api_key}"} if get_serving().api_key else {}
+    deadline = time.monotonic() + LAUNCH_WAIT_S
+    while True:
+        try:
+            up = requests.get(url + "/model_info", timeout=5, headers=headers, verify=verify)
+            if up.status_code == 200:
+                break
+        except requests.RequestException:
+            pass
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"/model_info did not answer in {LAUNCH_WAIT_S} s")
+        time.sleep(1)
+    info = requests.get(url + "/server_info", timeout=30, headers=headers, verify=verify).json()
+    hf_config = model_config_of(server_args).hf_config
+    if not wanted(mode, is_ernie55(hf_config), info.get("device"), info.get("disaggregation_mode")):
+        return
+    n = prompt_len(info.get("chunked_prefill_size"), int(info["max_req_input_len"]))
+    vocab = int(hf_config.vocab_size)
+    ranks = max(1, int(get_parallel().num_dp_ranks))
+    rng = random.Random(0)
+    prompts = [[rng.randrange(vocab) for _ in range(n)] for _ in range(ranks)]
+
+    def one(ids: list[int]) -> None:
+        body = {"input_ids": ids, "sampling_params": {"max_new_tokens": 2, "temperature": 0.0}}
+        r = requests.post(url + "/generate", json=body, timeout=1800, headers=headers, verify=verify)
+        if r.status_code != 200:
+            raise RuntimeError(f"/generate answered {r.status_code}: {r.text[:200]}")
+
+    logger.info(
+        "ERNIE-5.5: prefill warm-up: %d prompt(s) of %d tokens (compiles the prefill kernels)", ranks, n
+    )
+    start = time.perf_counter()
+    with ThreadPoolExecutor(ranks) as pool:
+        list(pool.map(one, prompts))
+    logger.info("ERNIE-5.5: prefill warm-up done in %.1f s", time.perf_counter() - start)

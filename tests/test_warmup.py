@@ -1,0 +1,68 @@
+"""The prefill warm-up's rules: its length within what the server admits, and which servers run it (a CPU server
+runs it in tests/serving/test_server_cpu.py, a GPU server by default in test_user_path_gpu.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from sglang_ernie55 import envs
+from sglang_ernie55.warmup import CHUNK_WHEN_UNCHUNKED, around_wait_and_warmup, prompt_len, wanted
+
+
+@pytest.mark.parametrize(
+    "chunk, max_input, want",
+    [
+        (8192, 10_000_000, 12288),  # a chunk, then half a chunk over its cached prefix
+        (256, 2042, 384),
+        (-1, 1_000_000, CHUNK_WHEN_UNCHUNKED * 3 // 2),  # chunked prefill off
+        (None, 5000, 5000),  # a small pool or context admits less
+    ],
+)
+def test_prompt_len(chunk, max_input, want):
+    assert prompt_len(chunk, max_input) == want
+
+
+@pytest.mark.parametrize(
+    "mode, ernie55, device, pd, want",
+    [
+        ("auto", True, "cuda", "null", True),
+        ("auto", True, "cpu", "null", False),
+        ("1", True, "cpu", "null", True),
+        ("0", True, "cuda", "null", False),
+        ("auto", True, "cuda", "prefill", False),
+        ("auto", True, "cuda", "decode", False),
+        ("1", False, "cuda", "null", False),  # another model on the same install
+    ],
+)
+def test_which_servers_warm_up(mode, ernie55, device, pd, want):
+    assert wanted(mode, ernie55, device, pd) is want
+
+
+def test_env_values(monkeypatch):
+    monkeypatch.delenv("SGLANG_ERNIE55_PREFILL_WARMUP", raising=False)
+    assert envs.prefill_warmup() == "auto"
+    monkeypatch.setenv("SGLANG_ERNIE55_PREFILL_WARMUP", "sometimes")
+    with pytest.raises(ValueError, match="auto, 1, 0"):
+        envs.prefill_warmup()
+
+
+def test_sglangs_warmup_runs_after_ours(monkeypatch):
+    """The hook hands SGLang's warm-up thread a function that runs the prefill warm-up, then SGLang's own
+    warm-up function, and returns its verdict; a failed prefill warm-up leaves SGLang's to decide."""
+    import sglang_ernie55.warmup as w
+
+    calls = []
+    monkeypatch.setattr(w, "prefill_warmup", lambda sa: calls.append(("ours", sa)) or 1 / 0)
+
+    def sglang_warmup(sa):
+        calls.append(("sglang", sa))
+        return True
+
+    def wait_and_warmup(server_args, launch_callback=None, execute_warmup_func=None):
+        return execute_warmup_func(server_args)
+
+    assert (
+        around_wait_and_warmup(wait_and_warmup, server_args="sa", execute_warmup_func=sglang_warmup) is True
+    )
+    assert around_wait_and_warmup(wait_and_warmup, "sa", None, sglang_warmup) is True
+    assert calls == [("ours", "sa"), ("sglang", "sa")] * 2
