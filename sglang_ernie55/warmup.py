@@ -2,7 +2,7 @@
 
 A full prefill chunk launches kernels that short prompts never do (block-FP8 GEMM tiles picked by row count, the
 indexer's extend variant and top-k over long rows); Triton compiles them on first use. Before SGLang's own warm-up
-request (the server reports healthy after it), an ERNIE-5.5 CUDA server sends one chunk-and-a-half prompt.
+request (the server reports healthy after it), an ERNIE-5.5 CUDA server sends one prompt of four chunks and more.
 """
 
 from __future__ import annotations
@@ -24,10 +24,11 @@ LAUNCH_WAIT_S = 120  # as long as SGLang's warm-up waits for the server to answe
 
 
 def prompt_len(chunk: int | None, max_input_len: int) -> int:
-    """One full chunk then half a chunk over its cached prefix (the extend path with and without a prefix),
-    within what the server admits."""
+    """Four full chunks and a quarter, plus 7 tokens, within what the server admits: a chunk without a prefix and
+    chunks over 1-3 cached ones (indexer chunks of other row counts at each width, as a long prompt has), and
+    a last one of a token count that is not a multiple of 16 (Triton compiles such arguments separately)."""
     chunk = chunk if chunk and chunk > 0 else CHUNK_WHEN_UNCHUNKED
-    return max(1, min(chunk + chunk // 2, max_input_len))
+    return max(1, min(4 * chunk + chunk // 4 + 7, max_input_len))
 
 
 def wanted(mode: str, ernie55: bool, device: str, disaggregation_mode: str) -> bool:

@@ -12,9 +12,9 @@ from sglang_ernie55.warmup import CHUNK_WHEN_UNCHUNKED, around_wait_and_warmup, 
 @pytest.mark.parametrize(
     "chunk, max_input, want",
     [
-        (8192, 10_000_000, 12288),  # a chunk, then half a chunk over its cached prefix
-        (256, 2042, 384),
-        (-1, 1_000_000, CHUNK_WHEN_UNCHUNKED * 3 // 2),  # chunked prefill off
+        (8192, 10_000_000, 4 * 8192 + 2048 + 7),  # a chunk, three over cached prefixes, an odd remainder
+        (256, 2042, 1095),
+        (-1, 1_000_000, 4 * CHUNK_WHEN_UNCHUNKED + CHUNK_WHEN_UNCHUNKED // 4 + 7),  # chunked prefill off
         (None, 5000, 5000),  # a small pool or context admits less
     ],
 )
