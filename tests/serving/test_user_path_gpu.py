@@ -5,7 +5,8 @@
   stay within the plan, and the plan within the budget; bf16 / fp8 KV, ECHO on / off, 128K and 1M contexts.
 - `sglang serve --model-path X` alone (SGLang's memory defaults, the model's defaults) on three checkpoints:
   the tiny preset, a geometry of another shape (routed to bf16 KV and the torch attention path), the
-  full-width reduced-depth FP8 checkpoint: each starts, plans within its budget, and answers.
+  full-width reduced-depth FP8 checkpoint: each starts, plans within its budget, and answers; the start-up
+  prefill warm-up leaves no Triton compile to the first long prompt.
 - The torch attention path with CUDA graphs and ECHO at a 1M-token context: graph capture stays small (it used
   to gather the whole context per row), and the greedy tokens equal the KV-rounded reference.
 """
@@ -119,6 +120,28 @@ def test_default_launch_serves(tmp_path, kind):
         s = sh.score(ref, prompts, outs, REF_DEVICE)
     print(f"[default {kind}] bf16 activations, {kv} KV vs the KV-rounded fp32 reference: {s.summary()}")
     assert s.top1 >= 0.8 * s.positions, s.summary()  # bf16 activations (unmodelled): a broken path scores ~0
+
+
+def test_first_long_prompt_compiles_nothing(tmp_path):
+    """`sglang serve --model-path X` on the full-width checkpoint: the start-up prefill warm-up compiles what a long
+    prompt of another shape launches (three chunks over cached prefixes, an odd remainder), so SGLang's
+    late-compile watch logs nothing once the server has reported healthy (its threshold set to 0 here)."""
+    path, _ = _checkpoint("full-width", tmp_path)
+    env = {"SGLANG_TRITON_SLOW_COMPILE_THRESHOLD_SECS": "0"}
+    server = sh.Server(path, log_name="first-long-prompt", cli=True, timeout=900, env=env)
+    try:
+        ready = len(server.log_path.read_text(errors="replace"))
+        n = 3 * 8192 + 1003  # SGLang's default chunk on this GPU is 8192 (checked below)
+        out = server.complete([1] + [(7 * i) % 100_000 + 2 for i in range(n - 1)], 2)
+    finally:
+        server.stop()
+    log = server.log_path.read_text(errors="replace")
+    assert "'chunked_prefill_size': 8192" in log
+    assert "prefill warm-up done" in log[:ready]
+    late = re.findall(r"Triton kernel '(\w+)' took ([\d.]+) s to compile after serving started", log[ready:])
+    print(f"\n[first long prompt] {n} tokens served; compiles after ready: {late}")
+    assert len(out["tokens"]) == 2
+    assert not late, late
 
 
 def test_torch_path_graphs_and_echo_at_1m_context(tmp_path):
