@@ -72,7 +72,8 @@ def prefill_warmup(server_args: Any) -> None:
     from sglang.srt.runtime_context import get_parallel, get_serving
 
     mode = envs.prefill_warmup()
-    if mode == "0":
+    hf_config = model_config_of(server_args).hf_config
+    if mode == "0" or not is_ernie55(hf_config):
         return
     url, verify = server_args.url(), ssl_verify_of(server_args)
     headers = {"Authorization": f"Bearer {get_serving().api_key}"} if get_serving().api_key else {}
@@ -88,8 +89,7 @@ def prefill_warmup(server_args: Any) -> None:
             raise TimeoutError(f"/model_info did not answer in {LAUNCH_WAIT_S} s")
         time.sleep(1)
     info = requests.get(url + "/server_info", timeout=30, headers=headers, verify=verify).json()
-    hf_config = model_config_of(server_args).hf_config
-    if not wanted(mode, is_ernie55(hf_config), info.get("device"), info.get("disaggregation_mode")):
+    if not wanted(mode, True, info.get("device"), info.get("disaggregation_mode")):
         return
     n = prompt_len(info.get("chunked_prefill_size"), int(info["max_req_input_len"]))
     vocab = int(hf_config.vocab_size)

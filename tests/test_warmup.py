@@ -66,3 +66,19 @@ def test_sglangs_warmup_runs_after_ours(monkeypatch):
     )
     assert around_wait_and_warmup(wait_and_warmup, "sa", None, sglang_warmup) is True
     assert calls == [("ours", "sa"), ("sglang", "sa")] * 2
+
+
+def test_other_models_send_nothing(monkeypatch):
+    """On an install that serves another model, the hook asks the config, not the server: no HTTP request."""
+    import types
+
+    import requests
+    from sglang.srt.arg_groups import model_override_base
+
+    import sglang_ernie55.warmup as w
+
+    qwen = types.SimpleNamespace(hf_config=types.SimpleNamespace(architectures=["Qwen3MoeForCausalLM"]))
+    monkeypatch.setattr(model_override_base, "model_config_of", lambda sa: qwen)
+    monkeypatch.setattr(requests, "get", lambda *a, **k: pytest.fail("an HTTP request for another model"))
+    monkeypatch.setenv("SGLANG_ERNIE55_PREFILL_WARMUP", "1")
+    w.prefill_warmup(object())
