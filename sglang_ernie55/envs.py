@@ -53,9 +53,10 @@ PREFILL_WARMUP_MODES = ("auto", "1", "0")
 
 
 def prefill_warmup() -> str:
-    """`SGLANG_ERNIE55_PREFILL_WARMUP`: one of PREFILL_WARMUP_MODES. `auto` (default): an ERNIE-5.5 CUDA server
-    outside PD disaggregation sends one prompt of four chunks and more before SGLang's warm-up request, so the
-    first long prompt does not wait for Triton's compiles (sglang_ernie55.warmup); `1`: on any device; `0`: never."""
+    """`SGLANG_ERNIE55_PREFILL_WARMUP`: one of PREFILL_WARMUP_MODES. `auto` (default): an ERNIE-5.5 CUDA
+    server outside PD disaggregation sends one prompt of four chunks and more before SGLang's warm-up request,
+    so the first long prompt does not wait for Triton's compiles (sglang_ernie55.warmup); `1`: on any device;
+    `0`: never."""
     v = os.environ.get("SGLANG_ERNIE55_PREFILL_WARMUP", "auto").strip().lower() or "auto"
     if v not in PREFILL_WARMUP_MODES:
         raise ValueError(

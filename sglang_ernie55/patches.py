@@ -398,8 +398,8 @@ LEDGER: tuple[Patch, ...] = (
         Kind.AROUND,
         "sglang_ernie55.warmup:around_wait_and_warmup",
         ("server_args", "launch_callback", "execute_warmup_func"),
-        "the first long prompt of a fresh server waits for Triton to compile the kernels of a full prefill chunk; "
-        "`--warmups` cannot be defaulted by a model (not overridable), so the warm-up thread sends a "
+        "the first long prompt of a fresh server waits for Triton to compile the kernels of a full prefill "
+        "chunk; `--warmups` cannot be defaulted by a model (not overridable), so the warm-up thread sends a "
         "long prompt (four chunks and more) before SGLang's own warm-up request",
         "when a model can declare its start-up warm-ups",
     ),

@@ -1,8 +1,8 @@
 """A start-up prefill, so the first long prompt does not pay for Triton's compiles.
 
-A full prefill chunk launches kernels that short prompts never do (block-FP8 GEMM tiles picked by row count, the
-indexer's extend variant and top-k over long rows); Triton compiles them on first use. Before SGLang's own warm-up
-request (the server reports healthy after it), an ERNIE-5.5 CUDA server sends one prompt of four chunks and more.
+A full prefill chunk launches kernels that short prompts never do (block-FP8 GEMM tiles picked by row count,
+the indexer's extend variant and top-k over long rows); Triton compiles them on first use. Before SGLang's own
+warm-up request (the server reports healthy after it), an ERNIE-5.5 CUDA server sends one long prompt.
 """
 
 from __future__ import annotations
@@ -24,15 +24,16 @@ LAUNCH_WAIT_S = 120  # as long as SGLang's warm-up waits for the server to answe
 
 
 def prompt_len(chunk: int | None, max_input_len: int) -> int:
-    """Four full chunks and a quarter, plus 7 tokens, within what the server admits: a chunk without a prefix and
-    chunks over 1-3 cached ones (indexer chunks of other row counts at each width, as a long prompt has), and
-    a last one of a token count that is not a multiple of 16 (Triton compiles such arguments separately)."""
+    """Four full chunks and a quarter, plus 7 tokens, within what the server admits: a chunk without a prefix
+    and chunks over 1-3 cached ones (indexer chunks of other row counts at each width, as a long prompt has),
+    and a last one of a token count that is not a multiple of 16 (Triton compiles such arguments apart)."""
     chunk = chunk if chunk and chunk > 0 else CHUNK_WHEN_UNCHUNKED
     return max(1, min(4 * chunk + chunk // 4 + 7, max_input_len))
 
 
 def wanted(mode: str, ernie55: bool, device: str, disaggregation_mode: str) -> bool:
-    """`SGLANG_ERNIE55_PREFILL_WARMUP` (`auto`: CUDA servers) for ERNIE-5.5 servers outside PD disaggregation."""
+    """`SGLANG_ERNIE55_PREFILL_WARMUP` (`auto`: CUDA servers) for ERNIE-5.5 servers outside PD
+    disaggregation."""
     if mode == "0" or not ernie55 or disaggregation_mode != "null":
         return False
     return mode == "1" or device == "cuda"

@@ -1,5 +1,5 @@
-"""The prefill warm-up's rules: its length within what the server admits, and which servers run it (a CPU server
-runs it in tests/serving/test_server_cpu.py, a GPU server by default in test_user_path_gpu.py)."""
+"""The prefill warm-up's rules: its length within what the server admits, and which servers run it (a CPU
+server runs it in tests/serving/test_server_cpu.py, a GPU server by default in test_user_path_gpu.py)."""
 
 from __future__ import annotations
 

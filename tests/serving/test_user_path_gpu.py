@@ -123,8 +123,8 @@ def test_default_launch_serves(tmp_path, kind):
 
 
 def test_first_long_prompt_compiles_nothing(tmp_path):
-    """`sglang serve --model-path X` on the full-width checkpoint: the start-up prefill warm-up compiles what a long
-    prompt of another shape launches (three chunks over cached prefixes, an odd remainder), so SGLang's
+    """`sglang serve --model-path X` on the full-width checkpoint: the start-up prefill warm-up compiles what
+    a long prompt of another shape launches (three chunks over cached prefixes, an odd remainder), so SGLang's
     late-compile watch logs nothing once the server has reported healthy (its threshold set to 0 here)."""
     path, _ = _checkpoint("full-width", tmp_path)
     env = {"SGLANG_TRITON_SLOW_COMPILE_THRESHOLD_SECS": "0"}
