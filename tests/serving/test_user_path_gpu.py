@@ -108,7 +108,7 @@ def test_default_launch_serves(tmp_path, kind):
     )
     assert planned <= budget
     assert "OutOfMemoryError" not in log
-    # the model's defaults added the prefill warm-up, and it ran before the server listened
+    # the prefill warm-up ran by default, before the server reported healthy
     assert re.search(r"prefill warm-up: 1 prompt\(s\) of \d+ tokens", log) and "prefill warm-up done" in log
     assert all(len(o["tokens"]) == 16 for o in outs)
     if cfg is None:
