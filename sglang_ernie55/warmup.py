@@ -31,10 +31,10 @@ def prompt_len(chunk: int | None, max_input_len: int) -> int:
     return max(1, min(4 * chunk + chunk // 4 + 7, max_input_len))
 
 
-def wanted(mode: str, ernie55: bool, device: str, disaggregation_mode: str) -> bool:
-    """`SGLANG_ERNIE55_PREFILL_WARMUP` (`auto`: CUDA servers) for ERNIE-5.5 servers outside PD
-    disaggregation."""
-    if mode == "0" or not ernie55 or disaggregation_mode != "null":
+def wanted(mode: str, device: str, disaggregation_mode: str) -> bool:
+    """`SGLANG_ERNIE55_PREFILL_WARMUP` (`auto`: CUDA servers) outside PD disaggregation; the caller has
+    already asked whether the model is ERNIE-5.5."""
+    if mode == "0" or disaggregation_mode != "null":
         return False
     return mode == "1" or device == "cuda"
 
@@ -90,7 +90,7 @@ def prefill_warmup(server_args: Any) -> None:
             raise TimeoutError(f"/model_info did not answer in {LAUNCH_WAIT_S} s")
         time.sleep(1)
     info = requests.get(url + "/server_info", timeout=30, headers=headers, verify=verify).json()
-    if not wanted(mode, True, info.get("device"), info.get("disaggregation_mode")):
+    if not wanted(mode, info.get("device"), info.get("disaggregation_mode")):
         return
     n = prompt_len(info.get("chunked_prefill_size"), int(info["max_req_input_len"]))
     vocab = int(hf_config.vocab_size)

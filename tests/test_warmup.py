@@ -23,19 +23,19 @@ def test_prompt_len(chunk, max_input, want):
 
 
 @pytest.mark.parametrize(
-    "mode, ernie55, device, pd, want",
+    "mode, device, pd, want",
     [
-        ("auto", True, "cuda", "null", True),
-        ("auto", True, "cpu", "null", False),
-        ("1", True, "cpu", "null", True),
-        ("0", True, "cuda", "null", False),
-        ("auto", True, "cuda", "prefill", False),
-        ("auto", True, "cuda", "decode", False),
-        ("1", False, "cuda", "null", False),  # another model on the same install
+        ("auto", "cuda", "null", True),
+        ("auto", "cpu", "null", False),
+        ("1", "cpu", "null", True),
+        ("0", "cuda", "null", False),
+        ("auto", "cuda", "prefill", False),
+        ("auto", "cuda", "decode", False),
     ],
 )
-def test_which_servers_warm_up(mode, ernie55, device, pd, want):
-    assert wanted(mode, ernie55, device, pd) is want
+def test_which_servers_warm_up(mode, device, pd, want):
+    """(Another model on the same install: test_other_models_send_nothing.)"""
+    assert wanted(mode, device, pd) is want
 
 
 def test_env_values(monkeypatch):
