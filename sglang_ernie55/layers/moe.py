@@ -75,10 +75,11 @@ class Ernie55SwiGLU(nn.Module):
 
 
 # Routing: s = mean_r sigmoid(x R_r^T) (fp32); ids = top-k(s + bias) (ties to the lower expert id);
-# w = s[ids] / (sum + 1e-20) * routed_scaling_factor. On the kernels: one fp32 GEMM against the routers
-# concatenated once into an fp32 [R*E, H] matrix (`router_matrix`; the routers' parameters become views of it,
-# so an in-place weight update reaches it) and `kernels.router.multi_router_topk`; on torch, the same rule in
-# torch ops (a stable sort of all E experts).
+# w = s[ids] / (sum + 1e-20) * routed_scaling_factor. On the kernels: one GEMM with fp32 products and sums
+# (`kernels.router.router_logits`) against the routers concatenated once into one [R*E, H] matrix in their
+# own dtype (`router_matrix`; the routers' parameters become views of it, so an in-place weight update
+# reaches it) and `kernels.router.multi_router_topk`; on torch, the same rule in torch ops (a stable sort of
+# all E experts).
 class Ernie55LatentMoE(nn.Module):
     def __init__(self, config, layer_id: int, quant_config=None, prefix: str = ""):
         super().__init__()
@@ -147,10 +148,10 @@ class Ernie55LatentMoE(nn.Module):
         )
 
     def router_matrix(self) -> torch.Tensor:
-        """The routers as one fp32 [R*E, H] matrix, built once (after weight loading, or at the first kernel
-        call) and rebuilt only if a router's storage was replaced (e.g. `model.to(device)`): router r's
-        `weight` is then a view of rows r*E .. r*E+E-1, so the matrix and the parameters are one tensor
-        (in-place weight updates reach both; no second copy of the routers is kept)."""
+        """The routers as one [R*E, H] matrix in their dtype, built once (after weight loading, or at the
+        first kernel call) and rebuilt only if a router's storage was replaced (e.g. `model.to(device)`):
+        router r's `weight` is then a view of rows r*E .. r*E+E-1, so the matrix and the parameters are one
+        tensor (in-place weight updates reach both; no second copy of the routers is kept)."""
         ws = [r.weight for r in self.routers]
         if self._router_ptrs != [(w.data_ptr(), w.dtype, w.device) for w in ws]:
             if ws[0].is_cuda and torch.cuda.is_current_stream_capturing():
@@ -159,7 +160,7 @@ class Ernie55LatentMoE(nn.Module):
                     "ERNIE-5.5 latent MoE: the router matrix must be built before CUDA-graph capture "
                     "(call model.prepare_after_load() after moving the model to its device)"
                 )
-            cat = torch.cat([w.detach().float() for w in ws]).contiguous()
+            cat = torch.cat([w.detach() for w in ws]).contiguous()
             E = ws[0].shape[0]
             for i, w in enumerate(ws):
                 w.data = cat[i * E : (i + 1) * E]

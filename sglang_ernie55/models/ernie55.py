@@ -366,7 +366,7 @@ class Ernie5_5_MoeForCausalLM(nn.Module):
         return set(params)
 
     def prepare_after_load(self) -> None:
-        """One-time layouts the per-layer kernels read (the MoE's fp32 router matrix), built once after the
+        """One-time layouts the per-layer kernels read (the MoE's router matrix), built once after the
         weights are in place, so that no forward or CUDA-graph capture builds them; each is also rebuilt
         lazily if its weights' storage changes."""
         for m in self.modules():

@@ -56,3 +56,18 @@ def test_router_odd(T, H, E, R, k):
     """Issue 13's routing: three routers (the mean over a router count that is not a power of two), expert
     counts that are not powers of two, top-k at or next to the expert count; exact ties included."""
     _check(T, H, E, R, k, ties=True, grid=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T", [1, 97, 8192])
+def test_bf16_logits_are_the_fp32_gemm(T):
+    """bf16 x and routers on CUDA take one bf16 GEMM with fp32 accumulation and output: the products are exact
+    in fp32, so the logits equal an fp32 GEMM of the same values up to summation order (not bf16-rounded)."""
+    torch.manual_seed(T)
+    x = torch.randn(T, 4096, device=DEV).to(torch.bfloat16)
+    w = (torch.randn(1024, 4096, device=DEV) * 4096**-0.5).to(torch.bfloat16)
+    got = router_logits(x, w)
+    want = x.double() @ w.double().t()
+    assert got.dtype == torch.float32
+    # fp32 sums of 4096 terms: a few 1e-6 off; a bf16-rounded output would miss by about 2^-9 |logit| (~1e-3)
+    torch.testing.assert_close(got.double(), want, rtol=0, atol=2e-5)

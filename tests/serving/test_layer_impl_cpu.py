@@ -127,8 +127,8 @@ def test_flashmla_bf16_output_gives_the_fp32_outputs_layer(geometry):
 def test_forced_kernels_load_on_cpu_then_move(monkeypatch):
     """SGLANG_ERNIE55_LAYER_IMPL=triton without the interpreter: a model loaded on the CPU (and moved to the GPU
     later, as tests/serving/test_layer_impl_gpu.py does) loads; the post-load router matrix is built, the
-    routers are its fp32 views, and the values are the checkpoint's (the H200 run of 2026-12-03 refused the
-    CPU load)."""
+    routers are its views (fp32 in this fp32 model), and the values are the checkpoint's (the H200 run of
+    2026-12-03 refused the CPU load)."""
     import torch
 
     from sglang_ernie55.layers.moe import Ernie55LatentMoE
