@@ -7,8 +7,8 @@ config first) it prints the time, the FLOP rate (causal pairs x heads x 2 x head
 measured in the same run (the floor), and the peer: the same logits in torch (one cuBLAS GEMM of every row's
 heads against the keys already dequantised outside the timing, ReLU, the weighted head sum, the causal mask).
 Every config's logits are checked against the default config's before it is timed. Then the top-k over the
-same logits: one program per row in serving's configs and others, each checked against serving's and timed
-against its byte floor (the causal logits read once at the copy bandwidth measured in the same run).
+same logits: one program per row in serving's configs and others (keys per step, warps, and the sampled
+threshold's sample size or 0), each checked against serving's and timed against its byte floor (the causal logits read once at the copy bandwidth measured in the same run).
 
     python benchmarks/bench_indexer.py [--ctx 8192 32768] [--kv fp8] [--topk-only] [--out DIR]
 """
@@ -65,18 +65,19 @@ def topk_table(logits, pos, pt, req, S, bw, device, stamp) -> list[dict]:
     R = logits.shape[0]
     floor_us = 4 * sum(min(int(p) + 1, S) for p in pos.tolist()) / (bw * 1e12) * 1e6
     want = indexer_topk(logits, pos, TOPK, pt, req)
-    configs = [c for _rows, c in TOPK_CONFIGS]
-    configs += [c for c in itertools.product((256, 512, 1024, 2048), (1, 2, 4, 8)) if c not in configs]
+    configs = [(*c, 0)[:3] for _rows, c in TOPK_CONFIGS]  # (keys per step, warps, sample)
+    sweep = itertools.product((512, 1024, 2048), (4, 8), (0, 1024, 2048))
+    configs += [c for c in sweep if c not in configs]
     print(
         f"\n## top-k {TOPK} of {R} rows x {S} keys: byte floor {floor_us:.1f} us (logits read once)",
         flush=True,
     )
-    print("| keys/step | warps | us | x floor |")
-    print("| ---: | ---: | ---: | ---: |")
+    print("| keys/step | warps | sample | us | x floor |")
+    print("| ---: | ---: | ---: | ---: | ---: |")
     out = []
-    for blk, wp in configs:
-        fn = functools.partial(indexer_topk, logits, pos, TOPK, pt, req, config=(blk, wp))
-        name = f"| {blk} | {wp} |"
+    for blk, wp, sample in configs:
+        fn = functools.partial(indexer_topk, logits, pos, TOPK, pt, req, config=(blk, wp, sample))
+        name = f"| {blk} | {wp} | {sample} |"
         try:
             if not all(torch.equal(x, y) for x, y in zip(fn(), want)):
                 print(f"{name} wrong selection: not timed | |")
@@ -92,6 +93,7 @@ def topk_table(logits, pos, pt, req, S, bw, device, stamp) -> list[dict]:
                 rows=R,
                 block=blk,
                 warps=wp,
+                sample=sample,
                 us=us,
                 x_floor=us / floor_us,
                 device=device,

@@ -141,7 +141,9 @@ def indexer_topk(
     idx[t, :lengths[t]] are the selected positions in increasing position order (or, with page_table / q_req,
     their cache slots page_table[q_req, s // page_size] * page_size + s % page_size), -1 after them: the
     `indices` / `topk_length` of sparse_mqa_attention and FlashMLA (which take the keys in any order).
-    config: (keys per step, warps), default `topk_config(T)`.
+    config: (keys per step, warps[, sample]), default `topk_config(T)`; sample > 0 (a power of two): rows of
+    2 sample to topk * sample / 8 keys select among candidates above a sampled threshold (the kernel's
+    docstring), with the same result, through a scratch buffer of 4 topk logits and positions per row.
     """
     T, S = logits.shape
     check(logits.dtype == torch.float32 and logits.stride(1) == 1, "logits: fp32 [T, S], last dim contiguous")
@@ -160,7 +162,16 @@ def indexer_topk(
     lengths = torch.empty(T, dtype=torch.int32, device=logits.device)
     if T == 0:
         return idx, lengths
-    block, num_warps = config or topk_config(T)
+    block, num_warps, *rest = config or topk_config(T)
+    sample = rest[0] if rest else 0
+    check(
+        sample == 0 or (sample >= 16 and sample & (sample - 1) == 0), f"top-k sample {sample}: 0 or 2^i >= 16"
+    )
+    cap = 4 * topk
+    cand, cand_pos = logits, idx  # not read without sample
+    if sample:
+        cand = torch.empty(T, cap, dtype=torch.float32, device=logits.device)
+        cand_pos = torch.empty(T, cap, dtype=torch.int32, device=logits.device)
     indexer_topk_kernel[(T,)](
         logits,
         logits.stride(0),
@@ -171,12 +182,16 @@ def indexer_topk(
         idx,
         idx.stride(0),
         lengths,
+        cand,
+        cand_pos,
         S,
         page_size,
         min(topk, S),
         TOPK=topk,
         SLOTS=slots,
         BLOCK=block,
+        SAMPLE=sample,
+        CAP=cap,
         num_warps=num_warps,
     )
     return idx, lengths

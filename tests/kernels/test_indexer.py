@@ -195,3 +195,71 @@ def test_topk_kernel_full():
     q_req = (torch.arange(64) % 4).to(torch.int32)
     idx, ln = indexer_topk(lg.to(DEV), q_pos.to(DEV), 2048, reqs.page_table.to(DEV), q_req.to(DEV))
     _check_topk(lg, q_pos, 2048, idx, ln, slot_of=lambda t, s: reqs.slot(int(q_req[t]), s))
+
+
+def _sampled_candidates(row: torch.Tensor, n: int, k: int, sample: int) -> int | None:
+    """How many candidates the sampled top-k takes for a row of n keys (None: the row is outside the sampled
+    range), by the kernel's rule: so the tests below know which of its two paths each row ran."""
+    if not (2 * sample <= n <= k * (sample // 8)):
+        return None
+    key = lambda x: torch.where(x == 0, torch.zeros_like(x), x)  # noqa: E731  (-0 equals +0)
+    v = torch.sort(row[(torch.arange(sample, dtype=torch.int64) * n) // sample], descending=True).values
+    e = torch.tensor(k * sample / n, dtype=torch.float32)
+    r = min(int(e + 4.0 * e.sqrt() + 4.0), sample - 1)
+    return int((key(row[:n]) >= key(v[r])).sum())
+
+
+@pytest.mark.parametrize("kind", ["distinct", "ties", "sample_high", "flat"])
+def test_topk_sampled_selects_what_the_reference_selects(kind):
+    """The sampled top-k (sample 256, top-300) equals the reference's selection, as positions and as slots,
+    on rows that take each of its paths: distinct logits (candidates between k and the cap), a third of each
+    row tied to one value with signed zeros (either path), the sampled keys set above all others (fewer than
+    k candidates) and flat rows (more than the cap where longer than it): those fall back to the whole row."""
+    T, S, topk, sample = 6, 4000, 300, 256
+    lg, q_pos = _rows(T, S, seed=17, stride_pad=3, tie_every=S if kind != "ties" else 3)
+    q_pos[1:] = torch.tensor([600, 1500, 2047, 3333, 400], dtype=torch.int32)
+    if kind == "sample_high":
+        for t in range(T):
+            n = int(q_pos[t]) + 1
+            lg[t, (torch.arange(sample) * n) // sample] = 50.0
+    if kind == "flat":
+        lg[:] = 1.0
+    lg[torch.arange(S)[None, :] > q_pos[:, None].long()] = float("-inf")
+    counts = [_sampled_candidates(lg[t], int(q_pos[t]) + 1, topk, sample) for t in range(T)]
+    assert counts[-1] is None  # a row too short to sample
+    if kind == "distinct":
+        assert all(topk <= c <= 4 * topk for c in counts[:-1]), counts
+    if kind == "sample_high":
+        assert all(c < topk for c in counts[:-1]), counts
+    if kind == "flat":  # every key a candidate: past the cap in the rows longer than it
+        assert counts[:-1] == [int(p) + 1 for p in q_pos[:-1]] and sum(c > 4 * topk for c in counts[:-1]) == 4
+    idx, ln = indexer_topk(lg.to(DEV), q_pos.to(DEV), topk, config=(512, 4, sample))
+    _check_topk(lg, q_pos, topk, idx, ln)
+    reqs = PagedRequests([S, S + 17], page_size=64)
+    q_req = torch.tensor([t % 2 for t in range(T)], dtype=torch.int32)
+    pt = reqs.page_table.to(DEV)
+    slots, sl = indexer_topk(lg.to(DEV), q_pos.to(DEV), topk, pt, q_req.to(DEV), 64, config=(512, 4, sample))
+    _check_topk(lg, q_pos, topk, slots, sl, slot_of=lambda t, s: reqs.slot(int(q_req[t]), s))
+
+
+def test_topk_sample_must_be_a_power_of_two():
+    lg = torch.zeros(1, 64, device=DEV)
+    with pytest.raises(ValueError, match="sample 100"):
+        indexer_topk(lg, torch.tensor([63], device=DEV), 8, config=(64, 4, 100))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("sample", [1024, 2048])
+def test_topk_sampled_full(sample):
+    """Full size, as an extend chunk launches it: 512 rows at positions 32256-32767 over 32K keys (weighted ReLU
+    head sums, as the indexer writes them), top-2048 as slots; the sampled selection equals the radix one."""
+    g = torch.Generator().manual_seed(sample)
+    lg = torch.relu(torch.randn(512, 32768, 8, generator=g)).mul(torch.rand(8, generator=g)).sum(-1)
+    q_pos = torch.arange(32256, 32768, dtype=torch.int32)
+    lg[torch.arange(32768)[None, :] > q_pos[:, None].long()] = float("-inf")
+    reqs = PagedRequests([32768])
+    q_req = torch.zeros(512, dtype=torch.int32)
+    args = (lg.to(DEV), q_pos.to(DEV), 2048, reqs.page_table.to(DEV), q_req.to(DEV))
+    want = indexer_topk(*args, config=(1024, 4))
+    got = indexer_topk(*args, config=(1024, 4, sample))
+    assert torch.equal(got[1], want[1]) and torch.equal(got[0], want[0])
