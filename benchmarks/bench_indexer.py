@@ -8,7 +8,9 @@ measured in the same run (the floor), and the peer: the same logits in torch (on
 heads against the keys already dequantised outside the timing, ReLU, the weighted head sum, the causal mask).
 Every config's logits are checked against the default config's before it is timed. Then the top-k over the
 same logits: one program per row in serving's configs and others (keys per step, warps, and the sampled
-threshold's sample size or 0), each checked against serving's and timed against its byte floor (the causal logits read once at the copy bandwidth measured in the same run).
+threshold's sample size or 0), each checked against serving's and timed against its byte floor (the causal
+logits read once at the copy bandwidth measured in the same run); then the chunk's last 1 and 64 rows
+(decode-sized) in serving's config with each sample size.
 
     python benchmarks/bench_indexer.py [--ctx 8192 32768] [--kv fp8] [--topk-only] [--out DIR]
 """
@@ -38,6 +40,7 @@ from sglang_ernie55.kernels.indexer import (  # noqa: E402
     TOPK_CONFIGS,
     indexer_logits,
     indexer_topk,
+    topk_config,
 )
 from sglang_ernie55.kernels.torch_twin import pool_gather  # noqa: E402
 
@@ -61,25 +64,27 @@ def peer(q, w, keys, pos):
 
 
 def topk_table(logits, pos, pt, req, S, bw, device, stamp) -> list[dict]:
-    """Time `indexer_topk` over one chunk's logits in each launch config; print a table, return its rows."""
+    """Time `indexer_topk` over one chunk's logits in each launch config, then over its last 1 and 64 rows
+    (decode-sized batches of rows near full width) in their serving config with each sample size; print a
+    table, return its rows."""
     R = logits.shape[0]
-    floor_us = 4 * sum(min(int(p) + 1, S) for p in pos.tolist()) / (bw * 1e12) * 1e6
-    want = indexer_topk(logits, pos, TOPK, pt, req)
     configs = [(*c, 0)[:3] for _rows, c in TOPK_CONFIGS]  # (keys per step, warps, sample)
     sweep = itertools.product((512, 1024, 2048), (4, 8), (0, 1024, 2048))
-    configs += [c for c in sweep if c not in configs]
-    print(
-        f"\n## top-k {TOPK} of {R} rows x {S} keys: byte floor {floor_us:.1f} us (logits read once)",
-        flush=True,
-    )
-    print("| keys/step | warps | sample | us | x floor |")
-    print("| ---: | ---: | ---: | ---: | ---: |")
-    out = []
-    for blk, wp, sample in configs:
-        fn = functools.partial(indexer_topk, logits, pos, TOPK, pt, req, config=(blk, wp, sample))
-        name = f"| {blk} | {wp} | {sample} |"
+    runs = [(R, c) for c in configs + [c for c in sweep if c not in configs]]
+    runs += [(r, (*topk_config(r), sample)) for r in (1, 64) if r < R for sample in (0, 1024, 2048)]
+    print(f"\n## top-k {TOPK} over {S} keys (byte floor: the causal logits read once)", flush=True)
+    print("| rows | keys/step | warps | sample | us | x floor |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: |")
+    out, wants = [], {}
+    for rows, (blk, wp, sample) in runs:
+        lg, p, rq = logits[R - rows :], pos[R - rows :], req[R - rows :]
+        floor_us = 4 * sum(min(int(x) + 1, S) for x in p.tolist()) / (bw * 1e12) * 1e6
+        if rows not in wants:
+            wants[rows] = indexer_topk(lg, p, TOPK, pt, rq)
+        fn = functools.partial(indexer_topk, lg, p, TOPK, pt, rq, config=(blk, wp, sample))
+        name = f"| {rows} | {blk} | {wp} | {sample} |"
         try:
-            if not all(torch.equal(x, y) for x, y in zip(fn(), want)):
+            if not all(torch.equal(x, y) for x, y in zip(fn(), wants[rows])):
                 print(f"{name} wrong selection: not timed | |")
                 continue
             us = bench(fn) * 1e3
@@ -90,7 +95,7 @@ def topk_table(logits, pos, pt, req, S, bw, device, stamp) -> list[dict]:
             dict(
                 what="topk",
                 keys=S,
-                rows=R,
+                rows=rows,
                 block=blk,
                 warps=wp,
                 sample=sample,

@@ -251,8 +251,9 @@ def test_topk_sample_must_be_a_power_of_two():
 @pytest.mark.gpu
 @pytest.mark.parametrize("sample", [1024, 2048])
 def test_topk_sampled_full(sample):
-    """Full size, as an extend chunk launches it: 512 rows at positions 32256-32767 over 32K keys (weighted ReLU
-    head sums, as the indexer writes them), top-2048 as slots; the sampled selection equals the radix one."""
+    """Full size, as an extend chunk launches it: 512 rows at positions 32256-32767 over 32K keys (weighted
+    ReLU head sums, as the indexer writes them), top-2048 as slots; the sampled selection equals the radix
+    one."""
     g = torch.Generator().manual_seed(sample)
     lg = torch.relu(torch.randn(512, 32768, 8, generator=g)).mul(torch.rand(8, generator=g)).sum(-1)
     q_pos = torch.arange(32256, 32768, dtype=torch.int32)
