@@ -165,6 +165,10 @@ def fused_launches():
         out[f"indexer_topk_positions_{tag}"] = capture_launch(
             IX.indexer_topk_kernel, functools.partial(IX.indexer_topk, lg, pos, 2048, config=config)
         )
+        out[f"indexer_topk_slots_{tag}_sampled"] = capture_launch(  # the sampled threshold (config's 3rd)
+            IX.indexer_topk_kernel,
+            functools.partial(IX.indexer_topk, lg, pos, 2048, pt, q_req, page, config=(*config[:2], 2048)),
+        )
     from sglang_ernie55.kernels import norm as NM
 
     T, cs = 64, torch.randn(64, 32)

@@ -50,6 +50,7 @@ def _kth(src, n, need, BLOCK: tl.constexpr):
 def _emit(
     src,
     src_pos,
+    cand,
     n,
     prefix,
     need,
@@ -62,8 +63,8 @@ def _emit(
     FROM_ROW: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
-    """Walk the n logits at src in position order (FROM_ROW: their index is the position; else src_pos holds
-    it) and write the keys above u* and the first `need` equal to it to dst."""
+    """Walk the n logits at src in position order and write the keys above u* and the first `need` equal to it
+    to dst. Their positions: their index (FROM_ROW, or when `cand` is false) or src_pos's entries."""
     offs = tl.arange(0, BLOCK)
     written = tl.zeros((), dtype=tl.int32)
     ties = tl.zeros((), dtype=tl.int32)
@@ -74,7 +75,7 @@ def _emit(
         if FROM_ROW:
             s = i
         else:
-            s = tl.load(src_pos + i, mask=m, other=0)
+            s = tl.where(cand, tl.load(src_pos + i, mask=m & cand, other=0), i)
         eq = m & (u == prefix)
         rank = ties + tl.cumsum(eq.to(tl.int32), 0)  # 1-based among keys equal to u*
         sel = (m & (u > prefix)) | (eq & (rank <= need))
@@ -124,50 +125,51 @@ def indexer_topk_kernel(
     req = tl.load(req_ptr + t).to(tl.int64)
     dst = out_ptr + t * out_stride
     offs = tl.arange(0, BLOCK)
-    if n <= K:  # all keys are taken (u* = 0 is below every key)
-        _emit(
-            row,
-            row,
-            n,
-            tl.zeros((), dtype=tl.uint32),
-            take,
-            dst,
-            req,
-            pt_ptr,
-            pt_stride,
-            page_size,
-            SLOTS,
-            True,
-            BLOCK,
-        )
-    elif SAMPLE > 0:
-        c = tl.zeros((), dtype=tl.int32)
-        cv = cand_ptr + t * CAP
-        cp = cand_pos_ptr + t * CAP
-        if (n >= 2 * SAMPLE) & (n <= K * (SAMPLE // 8)):
-            j = tl.arange(0, SAMPLE)
-            v = tl.sort(tl.load(row + (j.to(tl.int64) * n) // SAMPLE), descending=True)
-            e = (K * SAMPLE / n).to(tl.float32)
-            r = tl.minimum((e + 4.0 * tl.sqrt(e) + 4.0).to(tl.int32), SAMPLE - 1)
-            tau = _ordered(tl.sum(tl.where(j == r, v, 0.0), 0))
-            for s0 in range(0, n, BLOCK):
-                s = s0 + offs
-                x = tl.load(row + s, mask=s < n, other=0.0)
-                sel = (s < n) & (_ordered(x) >= tau)
-                at = c + tl.cumsum(sel.to(tl.int32), 0) - 1
-                keep = sel & (at < CAP)
-                tl.store(cv + at, x, mask=keep)
-                tl.store(cp + at, s, mask=keep)
-                c += tl.sum(sel.to(tl.int32), 0)
-        if (c >= K) & (c <= CAP):
-            prefix, need = _kth(cv, c, K, BLOCK)
-            _emit(cv, cp, c, prefix, need, dst, req, pt_ptr, pt_stride, page_size, SLOTS, False, BLOCK)
-        else:
-            prefix, need = _kth(row, n, K, BLOCK)
-            _emit(row, row, n, prefix, need, dst, req, pt_ptr, pt_stride, page_size, SLOTS, True, BLOCK)
-    else:
-        prefix, need = _kth(row, n, K, BLOCK)
-        _emit(row, row, n, prefix, need, dst, req, pt_ptr, pt_stride, page_size, SLOTS, True, BLOCK)
+    # u* and how many keys equal to it are taken (all keys when there are at most K: u* = 0 is below every key)
+    prefix = tl.zeros((), dtype=tl.uint32)
+    need = take
+    src = row
+    cnt = n
+    cand = n < 0  # the candidates replace the row
+    if n > K:
+        if SAMPLE > 0:
+            c = tl.zeros((), dtype=tl.int32)
+            if (n >= 2 * SAMPLE) & (n <= K * (SAMPLE // 8)):
+                j = tl.arange(0, SAMPLE)
+                v = tl.sort(tl.load(row + (j.to(tl.int64) * n) // SAMPLE), descending=True)
+                e = (K * SAMPLE / n).to(tl.float32)
+                r = tl.minimum((e + 4.0 * tl.sqrt(e) + 4.0).to(tl.int32), SAMPLE - 1)
+                tau = _ordered(tl.sum(tl.where(j == r, v, 0.0), 0))
+                for s0 in range(0, n, BLOCK):
+                    s = s0 + offs
+                    x = tl.load(row + s, mask=s < n, other=0.0)
+                    sel = (s < n) & (_ordered(x) >= tau)
+                    at = c + tl.cumsum(sel.to(tl.int32), 0) - 1
+                    keep = sel & (at < CAP)
+                    tl.store(cand_ptr + t * CAP + at, x, mask=keep)
+                    tl.store(cand_pos_ptr + t * CAP + at, s, mask=keep)
+                    c += tl.sum(sel.to(tl.int32), 0)
+            if (c >= K) & (c <= CAP):
+                src = cand_ptr + t * CAP
+                cnt = c
+                cand = c >= 0
+        prefix, need = _kth(src, cnt, K, BLOCK)
+    _emit(
+        src,
+        cand_pos_ptr + t * CAP,
+        cand,
+        cnt,
+        prefix,
+        need,
+        dst,
+        req,
+        pt_ptr,
+        pt_stride,
+        page_size,
+        SLOTS,
+        SAMPLE == 0,
+        BLOCK,
+    )
     for j0 in range(0, TOPK, BLOCK):
         j = j0 + offs
         tl.store(dst + j, tl.full((BLOCK,), -1, tl.int32), mask=(j >= take) & (j < TOPK))
