@@ -12,13 +12,16 @@ import triton
 from ._pool import check
 from ._triton.router import router_topk_kernel
 
+# torch's bf16 GEMM with an fp32 output (`aten::mm.dtype`, CUDA); a torch without it takes the fp32 GEMM
+_MM_FP32_OUT = "dtype" in torch.ops.aten.mm.overloads()
+
 
 def router_logits(x: torch.Tensor, routers_cat: torch.Tensor) -> torch.Tensor:
     """[T, R*E] fp32 = x @ routers_cat^T with fp32 products and sums (routers_cat = torch.cat(routers),
     [R*E, H]). bf16 x and routers on CUDA: one cuBLAS bf16 GEMM that accumulates and writes fp32. A product of
     two bf16 values is exact in fp32, so that is the fp32 GEMM's result up to summation order, at the tensor
     cores' bf16 rate instead of fp32 SIMT (a 32K prompt's routers: 16 ms in fp32 on the H100). Else fp32."""
-    if x.is_cuda and x.dtype == torch.bfloat16 and routers_cat.dtype == torch.bfloat16:
+    if _MM_FP32_OUT and x.is_cuda and x.dtype == torch.bfloat16 and routers_cat.dtype == torch.bfloat16:
         return torch.mm(x, routers_cat.t(), out_dtype=torch.float32)
     return x.float() @ routers_cat.float().t()
 

@@ -63,6 +63,9 @@ def test_router_odd(T, H, E, R, k):
 def test_bf16_logits_are_the_fp32_gemm(T):
     """bf16 x and routers on CUDA take one bf16 GEMM with fp32 accumulation and output: the products are exact
     in fp32, so the logits equal an fp32 GEMM of the same values up to summation order (not bf16-rounded)."""
+    from sglang_ernie55.kernels import router
+
+    assert router._MM_FP32_OUT, f"torch {torch.__version__} has no aten::mm.dtype: the routers run in fp32"
     torch.manual_seed(T)
     x = torch.randn(T, 4096, device=DEV).to(torch.bfloat16)
     w = (torch.randn(1024, 4096, device=DEV) * 4096**-0.5).to(torch.bfloat16)
