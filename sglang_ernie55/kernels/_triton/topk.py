@@ -1,10 +1,9 @@
 """Triton body of kernels/indexer.py `indexer_topk`: an exact radix select per query row, one program per row.
 
 A logit is ordered through its order-preserving uint32 (-0 read as +0, so equal floats tie). Four 8-bit passes
-over the row's causal keys narrow the k-th largest value to one uint32 u*; the last pass walks the keys in
-position order and writes every key above u* and the first keys equal to it, until k are written, as positions
-or as cache slots through the page table, then -1 to the row's end. With SAMPLE, long rows first narrow to
-candidates (see the kernel)."""
+narrow the k-th largest value to one uint32 u*; a last pass walks the keys in position order and writes every
+key above u* and the first keys equal to it, until k, as positions or cache slots, then -1. SAMPLE: the
+kernel's docstring."""
 
 from __future__ import annotations
 
@@ -125,7 +124,7 @@ def indexer_topk_kernel(
     req = tl.load(req_ptr + t).to(tl.int64)
     dst = out_ptr + t * out_stride
     offs = tl.arange(0, BLOCK)
-    # u* and how many keys equal to it are taken (all keys when there are at most K: u* = 0 is below every key)
+    # u* and how many keys equal to it are taken (with at most K keys all: u* = 0 is below every key)
     prefix = tl.zeros((), dtype=tl.uint32)
     need = take
     src = row
