@@ -6,22 +6,57 @@ per token; the result is what SGLang's `StandardTopKOutput` carries into FusedMo
 
 from __future__ import annotations
 
+import logging
+
 import torch
 import triton
 
 from ._pool import check
 from ._triton.router import router_topk_kernel
 
+logger = logging.getLogger(__name__)
+
 # torch's bf16 GEMM with an fp32 output (`aten::mm.dtype`, CUDA); a torch without it takes the fp32 GEMM
 _MM_FP32_OUT = "dtype" in torch.ops.aten.mm.overloads()
+_BF16_GEMM_WORKS: dict[torch.device, bool] = {}
+
+
+def bf16_gemm_works(device: torch.device) -> bool:
+    """Whether `router_logits` may take the bf16 GEMM with fp32 output on `device`: the op exists and, checked
+    once per device (eagerly: `Ernie55LatentMoE.router_matrix` asks before any CUDA-graph capture), runs and
+    equals an fp64 GEMM of the same bf16 values to fp32 rounding. Otherwise the fp32 GEMM, with a warning."""
+    device = torch.device(device)
+    if not _MM_FP32_OUT or device.type != "cuda":
+        return False
+    if device not in _BF16_GEMM_WORKS:
+        if torch.cuda.is_current_stream_capturing():
+            return False
+        g = torch.Generator(device=device).manual_seed(0)
+        x = torch.randn(37, 512, device=device, generator=g).to(torch.bfloat16)
+        w = torch.randn(96, 512, device=device, generator=g).to(torch.bfloat16)
+        try:
+            got = torch.mm(x, w.t(), out_dtype=torch.float32)
+            want = x.double() @ w.double().t()
+            err = (got.double() - want).abs().max().item()
+            ok = got.dtype == torch.float32 and err < 1e-5 * want.abs().max().item()  # bf16 out: ~2^-9
+            bad = "" if ok else f"{got.dtype}, off by {err:.3g}"
+        except RuntimeError as e:
+            bad = f"{type(e).__name__}: {e}"
+        if bad:
+            logger.warning(
+                "ERNIE-5.5 routers: torch's bf16 GEMM with fp32 output failed (%s); fp32 GEMM", bad
+            )
+        _BF16_GEMM_WORKS[device] = not bad
+    return _BF16_GEMM_WORKS[device]
 
 
 def router_logits(x: torch.Tensor, routers_cat: torch.Tensor) -> torch.Tensor:
     """[T, R*E] fp32 = x @ routers_cat^T with fp32 products and sums (routers_cat = torch.cat(routers),
-    [R*E, H]). bf16 x and routers on CUDA: one cuBLAS bf16 GEMM that accumulates and writes fp32. A product of
-    two bf16 values is exact in fp32, so that is the fp32 GEMM's result up to summation order, at the tensor
-    cores' bf16 rate instead of fp32 SIMT (a 32K prompt's routers: 16 ms in fp32 on the H100). Else fp32."""
-    if _MM_FP32_OUT and x.is_cuda and x.dtype == torch.bfloat16 and routers_cat.dtype == torch.bfloat16:
+    [R*E, H]). bf16 x and routers on CUDA (`bf16_gemm_works`): one cuBLAS bf16 GEMM that accumulates and
+    writes fp32. A product of two bf16 values is exact in fp32, so that is the fp32 GEMM's result up to
+    summation order, at the tensor cores' bf16 rate instead of fp32 SIMT (a 32K prompt's routers: 16 ms in
+    fp32 on the H100). Else fp32."""
+    if x.dtype == torch.bfloat16 and routers_cat.dtype == torch.bfloat16 and bf16_gemm_works(x.device):
         return torch.mm(x, routers_cat.t(), out_dtype=torch.float32)
     return x.float() @ routers_cat.float().t()
 

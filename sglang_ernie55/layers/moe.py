@@ -166,6 +166,10 @@ class Ernie55LatentMoE(nn.Module):
                 w.data = cat[i * E : (i + 1) * E]
             self._router_cat = cat
             self._router_ptrs = [(w.data_ptr(), w.dtype, w.device) for w in ws]
+            if cat.is_cuda:  # its one-time check runs here, before any capture
+                from ..kernels.router import bf16_gemm_works
+
+                bf16_gemm_works(cat.device)
         return self._router_cat
 
     def prepare_after_load(self) -> None:
