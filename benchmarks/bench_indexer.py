@@ -71,7 +71,7 @@ def topk_table(logits, pos, pt, req, S, bw, device, stamp) -> list[dict]:
     configs = [(*c, 0)[:3] for _rows, c in TOPK_CONFIGS]  # (keys per step, warps, sample)
     sweep = itertools.product((512, 1024, 2048), (4, 8), (0, 1024, 2048))
     runs = [(R, c) for c in configs + [c for c in sweep if c not in configs]]
-    runs += [(r, (*topk_config(r), sample)) for r in (1, 64) if r < R for sample in (0, 1024, 2048)]
+    runs += [(r, (*topk_config(r)[:2], sample)) for r in (1, 64) if r < R for sample in (0, 1024, 2048)]
     print(f"\n## top-k {TOPK} over {S} keys (byte floor: the causal logits read once)", flush=True)
     print("| rows | keys/step | warps | sample | us | x floor |")
     print("| ---: | ---: | ---: | ---: | ---: | ---: |")

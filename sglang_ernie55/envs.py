@@ -43,10 +43,10 @@ def fused_topk() -> bool:
 
 
 def mla_sparse_prefill() -> bool:
-    """`SGLANG_ERNIE55_MLA_SPARSE_PREFILL=1` (default 0 until its effect on a served prompt is measured): where FlashMLA
-    serves the MLA-DSA layers, extend batches attend through its sparse prefill kernel over a bf16 copy of the
-    batch's latent rows; 0: its decode kernel, as decode batches."""
-    return _flag("SGLANG_ERNIE55_MLA_SPARSE_PREFILL")
+    """`SGLANG_ERNIE55_MLA_SPARSE_PREFILL` (default 1): where FlashMLA serves the MLA-DSA layers, extend
+    batches attend through its sparse prefill kernel over a bf16 copy of the batch's latent rows; 0: its
+    decode kernel, as decode batches."""
+    return _default_on("SGLANG_ERNIE55_MLA_SPARSE_PREFILL")
 
 
 PREFILL_WARMUP_MODES = ("auto", "1", "0")

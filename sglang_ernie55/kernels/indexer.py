@@ -131,7 +131,7 @@ def indexer_topk(
     page_table: torch.Tensor | None = None,
     q_req: torch.Tensor | None = None,
     page_size: int = SERVING_PAGE_SIZE,
-    config: tuple[int, int] | None = None,
+    config: tuple[int, ...] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Top-k positions per query (the index_topk largest I(t, s), s <= q_pos; ties to the earlier s; -0 equals +0)
     and their count, in one launch.
@@ -143,7 +143,8 @@ def indexer_topk(
     `indices` / `topk_length` of sparse_mqa_attention and FlashMLA (which take the keys in any order).
     config: (keys per step, warps[, sample]), default `topk_config(T)`; sample > 0 (a power of two): rows of
     2 sample to topk * sample / 8 keys select among candidates above a sampled threshold (the kernel's
-    docstring), with the same result, through a scratch buffer of 4 topk logits and positions per row.
+    docstring), with the same result, through a scratch buffer of 4 topk logits and positions per row (taken
+    where the chunk is at least 2 sample wide and the buffer no larger than the logits or 32 MiB; else 0).
     """
     T, S = logits.shape
     check(logits.dtype == torch.float32 and logits.stride(1) == 1, "logits: fp32 [T, S], last dim contiguous")
@@ -168,6 +169,10 @@ def indexer_topk(
         sample == 0 or (sample >= 16 and sample & (sample - 1) == 0), f"top-k sample {sample}: 0 or 2^i >= 16"
     )
     cap = 4 * topk
+    # no row of a narrower chunk samples; and the scratch stays within the logits' own size (or 32 MiB): a
+    # wide extend chunk of short rows would otherwise ask for several times its logits
+    if sample and (S < 2 * sample or T * cap * 2 > max(T * S, 1 << 23)):
+        sample = 0
     cand, cand_pos = logits, idx  # not read without sample
     if sample:
         cand = torch.empty(T, cap, dtype=torch.float32, device=logits.device)
@@ -197,13 +202,14 @@ def indexer_topk(
     return idx, lengths
 
 
-# (keys per step, warps) by rows: one program walks a whole row five times, so few rows (decode at small batch,
-# a GPU mostly idle) take wide steps over many warps, and many rows (one program or more per SM) narrow ones
-TOPK_CONFIGS = ((64, (4096, 16)), (256, (2048, 8)), (None, (1024, 4)))
+# (keys per step, warps, sample) by rows: one program walks a whole row, so few rows (decode at small batch, a
+# GPU mostly idle) take wide steps over many warps, and many rows (one program or more per SM) narrow ones;
+# the sampled threshold leaves the radix passes a tenth of a 32K row (3.0x faster on the chunk and on decode)
+TOPK_CONFIGS = ((64, (4096, 16, 1024)), (256, (2048, 8, 1024)), (None, (1024, 4, 1024)))
 
 
-def topk_config(rows: int) -> tuple[int, int]:
-    """`indexer_topk`'s default (keys per step, warps) for `rows` query rows (TOPK_CONFIGS)."""
+def topk_config(rows: int) -> tuple[int, int, int]:
+    """`indexer_topk`'s default (keys per step, warps, sample) for `rows` query rows (TOPK_CONFIGS)."""
     return next(cfg for below, cfg in TOPK_CONFIGS if below is None or rows < below)
 
 

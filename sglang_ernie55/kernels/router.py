@@ -24,7 +24,8 @@ _BF16_GEMM_WORKS: dict[torch.device, bool] = {}
 def bf16_gemm_works(device: torch.device) -> bool:
     """Whether `router_logits` may take the bf16 GEMM with fp32 output on `device`: the op exists and, checked
     once per device (eagerly: `Ernie55LatentMoE.router_matrix` asks before any CUDA-graph capture), runs and
-    equals an fp64 GEMM of the same bf16 values to fp32 rounding. Otherwise the fp32 GEMM, with a warning."""
+    equals an fp64 GEMM of the same bf16 values to within 1e-4 of the largest logit (bf16 rounding would be
+    2^-9 of it). Otherwise the fp32 GEMM, with a warning."""
     device = torch.device(device)
     if not _MM_FP32_OUT or device.type != "cuda":
         return False
@@ -38,7 +39,7 @@ def bf16_gemm_works(device: torch.device) -> bool:
             got = torch.mm(x, w.t(), out_dtype=torch.float32)
             want = x.double() @ w.double().t()
             err = (got.double() - want).abs().max().item()
-            ok = got.dtype == torch.float32 and err < 1e-5 * want.abs().max().item()  # bf16 out: ~2^-9
+            ok = got.dtype == torch.float32 and err < 1e-4 * want.abs().max().item()  # bf16 out: ~2^-9
             bad = "" if ok else f"{got.dtype}, off by {err:.3g}"
         except RuntimeError as e:
             bad = f"{type(e).__name__}: {e}"
@@ -53,9 +54,10 @@ def bf16_gemm_works(device: torch.device) -> bool:
 def router_logits(x: torch.Tensor, routers_cat: torch.Tensor) -> torch.Tensor:
     """[T, R*E] fp32 = x @ routers_cat^T with fp32 products and sums (routers_cat = torch.cat(routers),
     [R*E, H]). bf16 x and routers on CUDA (`bf16_gemm_works`): one cuBLAS bf16 GEMM that accumulates and
-    writes fp32. A product of two bf16 values is exact in fp32, so that is the fp32 GEMM's result up to
-    summation order, at the tensor cores' bf16 rate instead of fp32 SIMT (a 32K prompt's routers: 16 ms in
-    fp32 on the H100). Else fp32."""
+    writes fp32. A product of two bf16 values is exact in fp32 and the tensor cores add them in fp32 with a
+    few guard bits fewer than IEEE (3e-5 off at most for logits up to ~6 over 4096 terms, against a few 1e-6
+    for the fp32 GEMM; bf16 rounding would be ~1e-2), at the bf16 rate instead of fp32 SIMT: a 32K prompt's
+    routers took 16.2 ms in fp32 on the H100, 1.1 ms this way. Else fp32."""
     if x.dtype == torch.bfloat16 and routers_cat.dtype == torch.bfloat16 and bf16_gemm_works(x.device):
         return torch.mm(x, routers_cat.t(), out_dtype=torch.float32)
     return x.float() @ routers_cat.float().t()

@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from sglang_ernie55.kernels import router
 from sglang_ernie55.kernels.router import multi_router_topk, router_logits
 from sglang_ernie55.reference import functional as F
 from tests.kernels.kutil import DEV
@@ -26,12 +27,14 @@ def _check(T, H, E, R, k, ties=False, grid=False):
     lg = router_logits(x, torch.cat(routers))
     w, ids = multi_router_topk(lg, R, bias, k, True, 2.5)
     rw, rids = F.multi_router_topk(x.cpu(), [r.cpu() for r in routers], bias.cpu(), k, True, 2.5)
-    # the reference's own score path differs by fp32 GEMM rounding: compare ids where the scores are not near-ties
+    # the reference's own score path differs by GEMM rounding: compare ids where the scores are not near-ties.
+    # bf16 on CUDA takes the tensor cores, whose fp32 accumulation is a few bits short of IEEE (test below)
+    tc = x.is_cuda and router.bf16_gemm_works(x.device)
     s = torch.stack([torch.sigmoid(lg.cpu()[:, i * E : (i + 1) * E]) for i in range(R)]).mean(0) + bias.cpu()
     srt = torch.sort(s, dim=-1, descending=True, stable=True)
     assert torch.equal(ids.long().cpu(), srt.indices[:, :k])  # exact on the kernel's own logits
     gap = (srt.values[:, k - 1] - srt.values[:, k]).abs() if k < E else torch.full((T,), float("inf"))
-    ok = gap > 1e-5
+    ok = gap > (1e-4 if tc else 1e-5)
     assert torch.equal(ids.long().cpu()[ok], rids[ok])
     assert torch.allclose(w.cpu()[ok], rw[ok], rtol=1e-4, atol=1e-5)
     if ties:
@@ -62,9 +65,8 @@ def test_router_odd(T, H, E, R, k):
 @pytest.mark.parametrize("T", [1, 97, 8192])
 def test_bf16_logits_are_the_fp32_gemm(T):
     """bf16 x and routers on CUDA take one bf16 GEMM with fp32 accumulation and output: the products are exact
-    in fp32, so the logits equal an fp32 GEMM of the same values up to summation order (not bf16-rounded)."""
-    from sglang_ernie55.kernels import router
-
+    in fp32 and the sums are fp32 but for the tensor cores' accumulation, which keeps fewer guard bits than
+    IEEE fp32, so the logits sit within a few 1e-5 of the exact sums (not bf16-rounded: ~1e-3 off)."""
     assert router.bf16_gemm_works(torch.device(DEV)), f"torch {torch.__version__}: the routers run in fp32"
     torch.manual_seed(T)
     x = torch.randn(T, 4096, device=DEV).to(torch.bfloat16)
@@ -72,5 +74,7 @@ def test_bf16_logits_are_the_fp32_gemm(T):
     got = router_logits(x, w)
     want = x.double() @ w.double().t()
     assert got.dtype == torch.float32
-    # fp32 sums of 4096 terms: a few 1e-6 off; a bf16-rounded output would miss by about 2^-9 |logit| (~1e-3)
-    torch.testing.assert_close(got.double(), want, rtol=0, atol=2e-5)
+    # |logit| up to ~6: the tensor cores' sums of 4096 terms were 3.0e-5 off at most (H100, T 8192), an
+    # IEEE fp32 GEMM's a few 1e-6; a bf16-rounded output would miss by up to 2^-9 |logit| (~1e-2)
+    torch.testing.assert_close(got.double(), want, rtol=0, atol=1e-4)
+    assert (got.double() - want).abs().mean() < 2e-5  # the typical sum: bf16 rounding would be ~1e-3 off

@@ -35,8 +35,10 @@ def test_one_launch_kernels_compile_for_sm90(tmp_path):
     rows = {r["kernel"]: r for r in json.loads(out.read_text())}
     from sglang_ernie55.kernels.indexer import TOPK_CONFIGS
 
-    topk = {f"indexer_topk_{kind}_{b}x{w}w" for kind in ("slots", "positions") for _r, (b, w) in TOPK_CONFIGS}
-    topk |= {f"indexer_topk_slots_{b}x{w}w_sampled" for _r, (b, w) in TOPK_CONFIGS}
+    topk = {
+        f"indexer_topk_{kind}_{b}x{w}w" for kind in ("slots", "positions") for _r, (b, w, *_s) in TOPK_CONFIGS
+    }
+    topk |= {f"indexer_topk_slots_{b}x{w}w_sampled" for _r, (b, w, *_s) in TOPK_CONFIGS}
     meta = {f"decode_meta{m}_rows{r}" for m in ("", "_mapped") for r in (1, 3)}
     norms = {"rms_norm_rope_q", "rms_norm_rope_kv", "rms_norm"}
     mhc = {"hc_pre_tail", "hc_pre_tail_norm", "hc_head_norm"}

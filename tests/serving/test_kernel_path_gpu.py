@@ -38,17 +38,19 @@ def test_backend_kernel_paths_equal_twin_full_width(kv):
     assert all(rep["fused_topk"].values()), rep["fused_topk"]
 
 
-def test_backend_mla_sparse_prefill_equals_twin_full_width(monkeypatch):
-    """The same batches with MLA-DSA extend rows on FlashMLA's sparse prefill (SGLANG_ERNIE55_MLA_SPARSE_PREFILL=1:
-    the batch's latent rows copied to bf16 once per layer, the top-k into the copy)."""
+@pytest.mark.parametrize("on", ["1", "0"])
+def test_backend_mla_extend_kernels_equal_twin_full_width(monkeypatch, on):
+    """The same batches with MLA-DSA extend rows on each of FlashMLA's kernels: its sparse prefill
+    (SGLANG_ERNIE55_MLA_SPARSE_PREFILL=1, the default: the batch's latent rows copied to bf16 once per layer,
+    the top-k into the copy) and its sparse decode kernel on the fp8 pool (=0)."""
     from sglang_ernie55.attention.kernel_path import sparse_prefill_runs
 
     if not sparse_prefill_runs(2048):
         pytest.skip("FlashMLA's legacy sparse prefill kernel runs on SM90 GPUs only")
-    monkeypatch.setenv("SGLANG_ERNIE55_MLA_SPARSE_PREFILL", "1")
+    monkeypatch.setenv("SGLANG_ERNIE55_MLA_SPARSE_PREFILL", on)
     rep = kpc.run_backend("fp8_e4m3", "cuda", "full", _impls("fp8_e4m3"))
     print(json.dumps(rep))
-    assert rep["mla_sparse_prefill"]["flashmla"], rep
+    assert rep["mla_sparse_prefill"]["flashmla"] == (on == "1"), rep
 
 
 @pytest.mark.parametrize("kv", ["fp8_e4m3", "bfloat16"])
