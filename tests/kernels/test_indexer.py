@@ -248,6 +248,33 @@ def test_topk_sample_must_be_a_power_of_two():
         indexer_topk(lg, torch.tensor([63], device=DEV), 8, config=(64, 4, 100))
 
 
+@pytest.mark.parametrize(
+    "T, S, topk, sample, launched",
+    [
+        (4, 500, 64, 256, 0),  # narrower than 2 sample: no row could sample
+        (4, 4000, 300, 256, 256),  # the scratch (4 topk per row) within the logits
+        (600, 4096, 2048, 1024, 0),  # many short rows: the scratch would be 4x the logits and past 32 MiB
+        (256, 4096, 2048, 1024, 1024),  # decode-sized: 4x the logits but 16 MiB
+    ],
+)
+def test_topk_sample_only_where_its_scratch_is_small(monkeypatch, T, S, topk, sample, launched):
+    """The launch keeps the config's sample only where some row can take it and its scratch stays within the
+    chunk's logits or 32 MiB (the kernel is recorded, not run)."""
+    from sglang_ernie55.kernels import indexer as IX
+
+    seen = []
+
+    class Spy:
+        def __getitem__(self, grid):
+            return lambda *a, **kw: seen.append((grid, kw["SAMPLE"], tuple(a[9].shape)))
+
+    monkeypatch.setattr(IX, "indexer_topk_kernel", Spy())
+    lg = torch.zeros(T, S, device=DEV)
+    indexer_topk(lg, torch.full((T,), S - 1, dtype=torch.int32, device=DEV), topk, config=(512, 4, sample))
+    assert seen[0][:2] == ((T,), launched)
+    assert seen[0][2] == ((T, 4 * topk) if launched else (T, S))  # the scratch only when sampling
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("sample", [1024, 2048])
 def test_topk_sampled_full(sample):
