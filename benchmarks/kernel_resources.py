@@ -156,8 +156,8 @@ def fused_launches():
     pos = torch.full((64,), width - 1, dtype=torch.int32)
     q_req = torch.zeros(64, dtype=torch.int32)
     pt = torch.zeros(1, width // page, dtype=torch.int32)
-    for _rows, config in IX.TOPK_CONFIGS:  # each launch configuration serving may pick, sampled or not
-        tag, plain, sample = f"{config[0]}x{config[1]}w", (*config[:2], 0), (*config, 2048)[2] or 2048
+    for _rows, (blk, warps, sample) in IX.TOPK_CONFIGS:  # each launch configuration serving may pick
+        tag, plain = f"{blk}x{warps}w", (blk, warps, 0)
         out[f"indexer_topk_slots_{tag}"] = capture_launch(
             IX.indexer_topk_kernel,
             functools.partial(IX.indexer_topk, lg, pos, 2048, pt, q_req, page, config=plain),
@@ -167,14 +167,14 @@ def fused_launches():
         )
         out[f"indexer_topk_slots_{tag}_sampled"] = capture_launch(  # the sampled threshold (config's 3rd)
             IX.indexer_topk_kernel,
-            functools.partial(IX.indexer_topk, lg, pos, 2048, pt, q_req, page, config=(*config[:2], sample)),
+            functools.partial(
+                IX.indexer_topk, lg, pos, 2048, pt, q_req, page, config=(blk, warps, sample or 2048)
+            ),
         )
     from sglang_ernie55.kernels import norm as NM
 
     T, cs = 64, torch.randn(64, 32)
-    wide = torch.randn(
-        T, 2560
-    )  # the HCA layer's merged x_proj output: q_lora 1024 | kv 512 | compressor 1024
+    wide = torch.randn(T, 2560)  # the HCA layer's merged x_proj output: q_lora 1024 | kv 512 | compressor 1024
     for name, x, w, rope in (
         ("rms_norm_rope_q", torch.randn(T, 64, 512), None, (cs, cs)),  # the weightless per-head q norm
         ("rms_norm_rope_kv", wide[:, 1024:1536], torch.randn(512), (cs, cs)),  # kv_norm on its column slice
