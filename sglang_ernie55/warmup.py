@@ -1,8 +1,9 @@
-"""A start-up prefill, so the first long prompt does not pay for Triton's compiles.
+"""A start-up prefill, so the first prompt of a new length does not pay for Triton's compiles.
 
-A full prefill chunk launches kernels that short prompts never do (block-FP8 GEMM tiles picked by row count,
-the indexer's extend variant and top-k over long rows); Triton compiles them on first use. Before SGLang's own
-warm-up request (the server reports healthy after it), an ERNIE-5.5 CUDA server sends one long prompt.
+Prefill chunks launch kernels that decode never does (GEMM and fused-MoE tiles picked by row count, the
+indexer's extend variant, top-k over long rows); Triton compiles them on first use. Before SGLang's own
+warm-up request (the server reports healthy after it), an ERNIE-5.5 CUDA server sends one long prompt, then
+short ones.
 """
 
 from __future__ import annotations
@@ -29,6 +30,20 @@ def prompt_len(chunk: int | None, max_input_len: int) -> int:
     and a last one of a token count that is not a multiple of 16 (Triton compiles such arguments apart)."""
     chunk = chunk if chunk and chunk > 0 else CHUNK_WHEN_UNCHUNKED
     return max(1, min(4 * chunk + chunk // 4 + 7, max_input_len))
+
+
+def sweep_lens(chunk: int | None, max_input_len: int) -> list[int]:
+    """Prompt lengths 2^i - 1 and 2^i from 16 up to the chunk (the long prompt's chunks are whole): SGLang's
+    fused-MoE and block-FP8 GEMM runners take the tile config of the nearest tuned row count, and Triton
+    compiles a kernel apart for a row count that is a multiple of 16 and one that is not; a shorter prompt of
+    each power-of-two bucket, in each class, compiles them."""
+    chunk = chunk if chunk and chunk > 0 else CHUNK_WHEN_UNCHUNKED
+    lens = []
+    p = 16
+    while p <= chunk:
+        lens += [n for n in (p - 1, p) if n < chunk and n <= max_input_len]
+        p *= 2
+    return lens
 
 
 def wanted(mode: str, device: str, disaggregation_mode: str) -> bool:
@@ -66,7 +81,7 @@ def _prefill_first(execute: Callable[[Any], bool]) -> Callable[[Any], bool]:
 
 def prefill_warmup(server_args: Any) -> None:
     """Wait for the server to answer, then send each data-parallel rank one random prompt of `prompt_len`
-    tokens, two tokens out, through `/generate`."""
+    tokens, then one of each `sweep_lens` length in turn, two tokens out each, through `/generate`."""
     import requests
     from sglang.srt.arg_groups.model_override_base import model_config_of
     from sglang.srt.arg_groups.serving_hook import ssl_verify_of
@@ -92,11 +107,11 @@ def prefill_warmup(server_args: Any) -> None:
     info = requests.get(url + "/server_info", timeout=30, headers=headers, verify=verify).json()
     if not wanted(mode, info.get("device"), info.get("disaggregation_mode")):
         return
-    n = prompt_len(info.get("chunked_prefill_size"), int(info["max_req_input_len"]))
+    chunk, max_input = info.get("chunked_prefill_size"), int(info["max_req_input_len"])
+    n, sweep = prompt_len(chunk, max_input), sweep_lens(chunk, max_input)
     vocab = int(hf_config.vocab_size)
     ranks = max(1, int(get_parallel().num_dp_ranks))
     rng = random.Random(0)
-    prompts = [[rng.randrange(vocab) for _ in range(n)] for _ in range(ranks)]
 
     def one(ids: list[int]) -> None:
         body = {"input_ids": ids, "sampling_params": {"max_new_tokens": 2, "temperature": 0.0}}
@@ -105,9 +120,15 @@ def prefill_warmup(server_args: Any) -> None:
             raise RuntimeError(f"/generate answered {r.status_code}: {r.text[:200]}")
 
     logger.info(
-        "ERNIE-5.5: prefill warm-up: %d prompt(s) of %d tokens (compiles the prefill kernels)", ranks, n
+        "ERNIE-5.5: prefill warm-up: %d prompt(s) of %d tokens, then %d of %s tokens (compiles the prefill "
+        "kernels)",
+        ranks,
+        n,
+        len(sweep) * ranks,
+        f"{sweep[0]} .. {sweep[-1]}" if sweep else "no other",
     )
     start = time.perf_counter()
     with ThreadPoolExecutor(ranks) as pool:
-        list(pool.map(one, prompts))
+        for length in [n, *sweep]:
+            list(pool.map(one, [[rng.randrange(vocab) for _ in range(length)] for _ in range(ranks)]))
     logger.info("ERNIE-5.5: prefill warm-up done in %.1f s", time.perf_counter() - start)

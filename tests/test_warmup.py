@@ -6,7 +6,13 @@ from __future__ import annotations
 import pytest
 
 from sglang_ernie55 import envs
-from sglang_ernie55.warmup import CHUNK_WHEN_UNCHUNKED, around_wait_and_warmup, prompt_len, wanted
+from sglang_ernie55.warmup import (
+    CHUNK_WHEN_UNCHUNKED,
+    around_wait_and_warmup,
+    prompt_len,
+    sweep_lens,
+    wanted,
+)
 
 
 @pytest.mark.parametrize(
@@ -20,6 +26,26 @@ from sglang_ernie55.warmup import CHUNK_WHEN_UNCHUNKED, around_wait_and_warmup, 
 )
 def test_prompt_len(chunk, max_input, want):
     assert prompt_len(chunk, max_input) == want
+
+
+@pytest.mark.parametrize("chunk, max_input", [(8192, 10_000_000), (256, 2042), (-1, 1_000_000), (None, 100)])
+def test_sweep_lens_cover_each_bucket_in_both_classes(chunk, max_input):
+    """Every power-of-two row-count bucket from 16 below the chunk gets a prompt whose length is a multiple of
+    16 and one whose length is not (Triton's two specialisations), each within one chunk and what the server
+    admits, shortest first."""
+    c = chunk if chunk and chunk > 0 else CHUNK_WHEN_UNCHUNKED
+    lens = sweep_lens(chunk, max_input)
+    assert lens == sorted(set(lens)) and all(0 < n < c and n <= max_input for n in lens)
+    p = 16
+    while p <= c:
+        near = [n for n in lens if p // 2 < n <= p]  # nearest power of two is p
+        if p < c and p <= max_input:
+            assert any(n % 16 == 0 for n in near) and any(n % 16 for n in near), (p, near)
+        if p == c and c - 1 <= max_input:
+            assert c - 1 in lens  # a last chunk just short of full: not a multiple of 16
+        p *= 2
+    if chunk == 8192:
+        assert len(lens) == 19 and lens[:3] == [15, 16, 31] and lens[-1] == 8191
 
 
 @pytest.mark.parametrize(

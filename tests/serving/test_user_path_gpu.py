@@ -77,7 +77,18 @@ class SimpleCfg:
         self.vocab_size, self.bos_token_id = vocab_size, bos_token_id
 
 
-def _checkpoint(kind: str, root: Path) -> tuple[str, object]:
+@pytest.fixture(scope="module")
+def full_width_dir(tmp_path_factory) -> str:
+    """The 4-layer full-width FP8 checkpoint (about 22 GB), written once for the module's tests."""
+    from sglang_ernie55.checkpoint.tiny import make_checkpoint
+
+    root = tmp_path_factory.mktemp("full-width")
+    return str(
+        make_checkpoint(root / "full-width", preset="full-width", dtype="fp8", layers=4, device="cuda")
+    )
+
+
+def _checkpoint(kind: str, root: Path, request: pytest.FixtureRequest | None) -> tuple[str, object]:
     from sglang_ernie55.checkpoint.tiny import make_checkpoint
 
     if kind == "tiny":
@@ -85,14 +96,13 @@ def _checkpoint(kind: str, root: Path) -> tuple[str, object]:
     if kind == "odd":
         v = geo.BY_NAME["odd_mla_dims"]
         return geo.write_checkpoint(v, root), v.config()
-    path = make_checkpoint(root / "full-width", preset="full-width", dtype="fp8", layers=4, device="cuda")
-    return str(path), None
+    return request.getfixturevalue("full_width_dir"), None
 
 
 @pytest.mark.parametrize("kind", ["tiny", "odd", "full-width"])
-def test_default_launch_serves(tmp_path, kind):
+def test_default_launch_serves(tmp_path, request, kind):
     """`sglang serve --model-path X`, nothing else: starts, plans its pool within SGLang's budget, answers."""
-    path, cfg = _checkpoint(kind, tmp_path)
+    path, cfg = _checkpoint(kind, tmp_path, request)
     server = sh.Server(path, log_name=f"default-{kind}", cli=True, timeout=900)
     try:
         vocab, bos = (cfg.vocab_size, cfg.bos_token_id) if cfg is not None else (103424, 1)
@@ -122,11 +132,11 @@ def test_default_launch_serves(tmp_path, kind):
     assert s.top1 >= 0.8 * s.positions, s.summary()  # bf16 activations (unmodelled): a broken path scores ~0
 
 
-def test_first_long_prompt_compiles_nothing(tmp_path):
+def test_first_long_prompt_compiles_nothing(full_width_dir):
     """`sglang serve --model-path X` on the full-width checkpoint: the start-up prefill warm-up compiles what
     a long prompt of another shape launches (three chunks over cached prefixes, an odd remainder), so SGLang's
     late-compile watch logs nothing once the server has reported healthy (its threshold set to 0 here)."""
-    path, _ = _checkpoint("full-width", tmp_path)
+    path = full_width_dir
     env = {"SGLANG_TRITON_SLOW_COMPILE_THRESHOLD_SECS": "0"}
     server = sh.Server(path, log_name="first-long-prompt", cli=True, timeout=900, env=env)
     try:
@@ -147,7 +157,7 @@ def test_first_long_prompt_compiles_nothing(tmp_path):
 def test_torch_path_graphs_and_echo_at_1m_context(tmp_path):
     """The case that asked for 252 GiB in decode-graph capture: the torch attention path, CUDA graphs on, ECHO
     steps 2, 1M-token context. Graph capture stays small and the tokens equal the KV-rounded reference."""
-    path, cfg = _checkpoint("tiny", tmp_path)
+    path, cfg = _checkpoint("tiny", tmp_path, None)
     server = sh.Server(
         path,
         "--context-length",
