@@ -33,15 +33,15 @@ def prompt_len(chunk: int | None, max_input_len: int) -> int:
 
 
 def sweep_lens(chunk: int | None, max_input_len: int) -> list[int]:
-    """Prompt lengths 2^i - 1 and 2^i from 16 up to the chunk (the long prompt's chunks are whole): SGLang's
+    """Prompt lengths 2^i - 1 and 2^i from 1 up to the chunk (the long prompt's chunks are whole): SGLang's
     fused-MoE and block-FP8 GEMM runners take the tile config of the nearest tuned row count, and Triton
-    compiles a kernel apart for a row count that is a multiple of 16 and one that is not; a shorter prompt of
-    each power-of-two bucket, in each class, compiles them."""
+    compiles a kernel apart for a row count that is a multiple of 16 and one that is not (and for 1: the last
+    token of a cached prompt); a shorter prompt of each power-of-two bucket, in each class, compiles them."""
     chunk = chunk if chunk and chunk > 0 else CHUNK_WHEN_UNCHUNKED
-    lens = []
-    p = 16
+    lens: list[int] = []
+    p = 1
     while p <= chunk:
-        lens += [n for n in (p - 1, p) if n < chunk and n <= max_input_len]
+        lens += [n for n in (p - 1, p) if 0 < n < chunk and n <= max_input_len and n not in lens]
         p *= 2
     return lens
 

@@ -32,7 +32,7 @@ def test_prompt_len(chunk, max_input, want):
 def test_sweep_lens_cover_each_bucket_in_both_classes(chunk, max_input):
     """Every power-of-two row-count bucket from 16 below the chunk gets a prompt whose length is a multiple of
     16 and one whose length is not (Triton's two specialisations), each within one chunk and what the server
-    admits, shortest first."""
+    admits, shortest first; below 16, 1 to 4, 7 and 8."""
     c = chunk if chunk and chunk > 0 else CHUNK_WHEN_UNCHUNKED
     lens = sweep_lens(chunk, max_input)
     assert lens == sorted(set(lens)) and all(0 < n < c and n <= max_input for n in lens)
@@ -45,7 +45,8 @@ def test_sweep_lens_cover_each_bucket_in_both_classes(chunk, max_input):
             assert c - 1 in lens  # a last chunk just short of full: not a multiple of 16
         p *= 2
     if chunk == 8192:
-        assert len(lens) == 19 and lens[:3] == [15, 16, 31] and lens[-1] == 8191
+        assert len(lens) == 25 and lens[:8] == [1, 2, 3, 4, 7, 8, 15, 16] and lens[-1] == 8191
+    assert lens[:4] == [1, 2, 3, 4]
 
 
 @pytest.mark.parametrize(
