@@ -2,10 +2,11 @@
 attention/kernel_path.py, `INDEXER_LOGITS_BUDGET`) of one request's last rows, 64 heads x 128, keys read through
 a shuffled page table from the fp8 (or bf16) indexer-key pool.
 
-For each launch config of `indexer_logits` (keys per step, warps, variant, keys major, stages; serving's extend
-config first) it prints the time, the FLOP rate (causal pairs x heads x 2 x head dim) against the bf16 GEMM rate
-measured in the same run (the floor), and the peer: the same logits in torch (one cuBLAS GEMM of every row's
-heads against the keys already dequantised outside the timing, ReLU, the weighted head sum, the causal mask).
+For each launch config of `indexer_logits` (keys per step, warps, variant, keys major, query rows per program,
+stages; serving's extend config first) it prints the time, the FLOP rate (causal pairs x heads x 2 x head
+dim) against the bf16 GEMM rate measured in the same run (the floor), and the peer: the same logits in torch
+(one cuBLAS GEMM of every row's heads against the keys already dequantised outside the timing, ReLU, the
+weighted head sum, the causal mask).
 Every config's logits are checked against the default config's before it is timed. Then the top-k over the
 same logits: one program per row in serving's configs and others (keys per step, warps, and the sampled
 threshold's sample size or 0), each checked against serving's and timed against its byte floor (the causal
@@ -45,6 +46,19 @@ from sglang_ernie55.kernels.indexer import (  # noqa: E402
 from sglang_ernie55.kernels.torch_twin import pool_gather  # noqa: E402
 
 NI, DI, TOPK = 64, 128, 2048
+# (keys per step, warps, keys major, rows per program) of the several-rows extend kernel: compiled for sm_90
+# at this bench's shapes, registers <= 248 and no spills (32 keys x 4 warps with 4 or 8 rows spill)
+ROWS_CONFIGS = (
+    (64, 4, True, 2),
+    (128, 8, True, 2),
+    (64, 4, True, 4),
+    (64, 8, True, 4),
+    (128, 8, True, 4),
+    (64, 8, True, 8),
+    (64, 4, False, 2),
+    (128, 8, False, 2),
+    (32, 4, False, 4),
+)
 
 
 def gemm_rate() -> float:
@@ -132,12 +146,14 @@ def main(argv=None) -> int:
         f"{LOGITS_EXTEND}, decode {LOGITS_DECODE}",
         flush=True,
     )
-    first = [(*LOGITS_EXTEND, 3), (*LOGITS_DECODE, 3)]
+    first = [(*LOGITS_EXTEND[:4], 1, 3), (*LOGITS_DECODE[:4], 1, 3)]
     configs = first + [
         c
-        for c in itertools.product((32, 64, 128, 256), (4, 8), (True, False), (False, True), (3,))
+        for c in itertools.product((32, 64, 128, 256), (4, 8), (True, False), (False, True), (1,), (3,))
         if c not in first
     ]
+    # several query rows per program (extend variant): the shapes that compile for sm_90 without spills
+    configs += [(bn, wp, True, km, r, 3) for bn, wp, km, r in ROWS_CONFIGS]
     if a.topk_only:
         configs = first[:1]
     rows_out = []
@@ -179,12 +195,17 @@ def main(argv=None) -> int:
             f"torch peer {peer_us:.0f} us",
             flush=True,
         )
-        print("| keys/step | warps | variant | keys major | stages | us | TFLOP/s | x floor | peer / ours |")
-        print("| ---: | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: |")
-        for bn, wp, ext, km, st in configs:
-            name = f"| {bn} | {wp} | {'extend' if ext else 'decode'} | {'yes' if km else 'no'} | {st} |"
+        print(
+            "| keys/step | warps | variant | keys major | rows | stages | us | TFLOP/s | x floor "
+            "| peer / ours |"
+        )
+        print("| ---: | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+        for bn, wp, ext, km, nr, st in configs:
+            name = (
+                f"| {bn} | {wp} | {'extend' if ext else 'decode'} | {'yes' if km else 'no'} | {nr} | {st} |"
+            )
             fn = functools.partial(
-                indexer_logits, q, w, pool, g, pt, req, pos, S, config=(bn, wp, ext, km), num_stages=st
+                indexer_logits, q, w, pool, g, pt, req, pos, S, config=(bn, wp, ext, km, nr), num_stages=st
             )
             try:
                 got = fn()
@@ -206,6 +227,7 @@ def main(argv=None) -> int:
                     warps=wp,
                     variant="extend" if ext else "decode",
                     keys_major=km,
+                    rows_per_program=nr,
                     stages=st,
                     us=us,
                     tflops=tflops,

@@ -128,7 +128,8 @@ def fused_launches():
     """name -> (kernel, args, kwargs) of the one-launch kernels at serving shapes: the decode / verify metadata
     (window 128, ratio 128, 256-token pages, context 32K; with and without the SWA window mapping, 1 and 3 rows
     per request), the indexer top-k (64 rows over 32K keys, top-2048; cache slots and positions; each of its
-    launch configurations), the RMSNorm with and without the fused RoPE of the tail (the HCA q and kv), and the
+    launch configurations), the indexer logits (512 rows over 32K keys; serving's configs and two of several
+    rows per program), the RMSNorm with and without the fused RoPE of the tail (the HCA q and kv), and the
     mHC site's tail with and without the sub-layer RMSNorm (full width, 64 tokens)."""
     from types import SimpleNamespace
 
@@ -171,10 +172,28 @@ def fused_launches():
                 IX.indexer_topk, lg, pos, 2048, pt, q_req, page, config=(blk, warps, sample or 2048)
             ),
         )
+    from sglang_ernie55.kernels import layout as L
+
+    # the indexer logits of an extend chunk (512 rows x 32K keys, fp8 pool): serving's configs and the
+    # several-rows kernel in configs bench_indexer.py sweeps
+    g, T = L.idx_geometry("fp8"), 512
+    ipool = torch.zeros(width // page, g.page_bytes, dtype=torch.uint8)
+    ipt = torch.arange(width // page, dtype=torch.int32).view(1, -1)
+    qI, wI = torch.randn(T, 64, 128).to(torch.bfloat16), torch.randn(T, 64)
+    ireq, ipos = torch.zeros(T, dtype=torch.int32), torch.arange(width - T, width, dtype=torch.int32)
+    for cfg in (IX.LOGITS_EXTEND, IX.LOGITS_DECODE, (64, 4, True, True, 2), (64, 8, True, True, 4)):
+        bn, wp, ext, km, *nr = cfg
+        name = f"indexer_logits_{'extend' if ext else 'decode'}_{bn}x{wp}w{'_km' if km else ''}"
+        out[name + (f"_rows{nr[0]}" if nr else "")] = capture_launch(
+            IX.indexer_logits_rows_kernel if nr else IX.indexer_logits_kernel,
+            functools.partial(IX.indexer_logits, qI, wI, ipool, g, ipt, ireq, ipos, width, config=cfg),
+        )
     from sglang_ernie55.kernels import norm as NM
 
     T, cs = 64, torch.randn(64, 32)
-    wide = torch.randn(T, 2560)  # the HCA layer's merged x_proj output: q_lora 1024 | kv 512 | compressor 1024
+    wide = torch.randn(
+        T, 2560
+    )  # the HCA layer's merged x_proj output: q_lora 1024 | kv 512 | compressor 1024
     for name, x, w, rope in (
         ("rms_norm_rope_q", torch.randn(T, 64, 512), None, (cs, cs)),  # the weightless per-head q norm
         ("rms_norm_rope_kv", wide[:, 1024:1536], torch.randn(512), (cs, cs)),  # kv_norm on its column slice

@@ -10,7 +10,7 @@ import triton
 
 from ..configuration import SERVING_PAGE_SIZE
 from ._pool import check, check_pool, dot_dtype, pool_args, pool_views
-from ._triton.indexer import indexer_logits_kernel
+from ._triton.indexer import indexer_logits_kernel, indexer_logits_rows_kernel
 from ._triton.topk import indexer_topk_kernel
 from .layout import Geometry, KVLayout
 
@@ -26,7 +26,7 @@ def indexer_logits(
     max_len: int,
     out: torch.Tensor | None = None,
     keys_per_prog: int = 1024,
-    config: tuple[int, int, bool, bool] | None = None,
+    config: tuple[int, ...] | None = None,
     num_stages: int = 3,
 ) -> torch.Tensor:
     """Returns logits fp32 [T, max_len]: I(t, s) for s <= q_pos[t], -inf for s > q_pos[t], where
@@ -39,9 +39,10 @@ def indexer_logits(
     page_table: int32 [B, max_pages]: page of position s of request b is page_table[b, s // page_size].
     q_req:      int32 [T] request row of each query; q_pos: int32 [T] query position (keys s <= q_pos).
     max_len:    >= max(q_pos) + 1 (host int: the logits width).
-    config:     (keys per step, warps, extend variant, keys major): `LOGITS_DECODE` (the default) or
+    config:     (keys per step, warps, extend variant, keys major[, rows]): `LOGITS_DECODE` (the default) or
                 `LOGITS_EXTEND` (kernels/_triton/indexer.py: the same logits, each variant faster for its rows;
-                keys major puts the keys on the dot's M side, see `_head_sum`).
+                keys major puts the keys on the dot's M side, see `_head_sum`); rows > 1 (a power of two,
+                extend variant) scores that many consecutive query rows per program against each key tile.
     """
     check(g.layout in (KVLayout.IDX_FP8, KVLayout.IDX_BF16), f"pool: an indexer layout, got {g.layout.value}")
     check_pool(pool, g, "indexer_logits.pool")
@@ -70,30 +71,18 @@ def indexer_logits(
     )
     if T == 0 or max_len == 0:
         return out
-    block_n, num_warps, extend, keys_major = config or LOGITS_DECODE
+    block_n, num_warps, extend, keys_major, *more = config or LOGITS_DECODE
+    rows = more[0] if more else 1
+    check(
+        rows == 1 or (extend and rows > 1 and rows & (rows - 1) == 0),
+        f"indexer_logits config {config}: rows 1, or a power of two with the extend variant",
+    )
     keys_per_prog = triton.cdiv(min(keys_per_prog, max_len), block_n) * block_n
-    grid = (T, triton.cdiv(max_len, keys_per_prog))
-    indexer_logits_kernel[grid](
-        qI,
-        qI.stride(0),
-        qI.stride(1),
-        w,
-        w.stride(0),
-        page_table,
-        page_table.stride(0),
-        q_req,
-        q_pos,
-        out,
-        out.stride(0),
-        max_len,
-        keys_per_prog,
-        NI,
-        *pool_views(pool),
-        a.page_size,
-        a.page_bytes,
-        a.data_stride,
-        a.scale_base,
-        a.scale_stride,
+    grid = (triton.cdiv(T, rows), triton.cdiv(max_len, keys_per_prog))
+    args = (qI, qI.stride(0), qI.stride(1), w, w.stride(0), page_table, page_table.stride(0), q_req, q_pos)
+    args += (out, out.stride(0), max_len, keys_per_prog, NI) + ((T,) if rows > 1 else ())
+    args += (*pool_views(pool), a.page_size, a.page_bytes, a.data_stride, a.scale_base, a.scale_stride)
+    consts = dict(
         KIND=a.kind,
         DI=DI,
         DI_P=a.main_p,
@@ -102,11 +91,14 @@ def indexer_logits(
         BNI=max(16, triton.next_power_of_2(NI)),
         BN=block_n,
         DT=dot_dtype(qI.dtype == torch.float32),
-        EXTEND=extend,
         KM=keys_major,
         num_warps=num_warps,
         num_stages=num_stages,
     )
+    if rows > 1:
+        indexer_logits_rows_kernel[grid](*args, ROWS=rows, **consts)
+    else:
+        indexer_logits_kernel[grid](*args, EXTEND=extend, **consts)
     return out
 
 

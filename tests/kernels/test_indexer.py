@@ -66,12 +66,22 @@ def test_indexer_tiny(kv):
 @pytest.mark.parametrize("kv", ["fp8", "bf16"])
 @pytest.mark.parametrize(
     "config",
-    [LOGITS_DECODE, LOGITS_EXTEND, (16, 4, True, False), (16, 4, True, True), (32, 4, False, True)],
+    [
+        LOGITS_DECODE,
+        LOGITS_EXTEND,
+        (16, 4, True, False),
+        (16, 4, True, True),
+        (32, 4, False, True),
+        (16, 4, True, False, 2),
+        (16, 4, True, True, 4),
+        (32, 4, True, True, 8),
+    ],
     ids=str,
 )
 def test_indexer_configs_ragged_extend(kv, config):
-    """Serving's two launch configs and narrow ones (keys major or not) on ragged extend rows: the short
-    requests' rows lie whole key tiles before the 300-key width (tiles skipped, written -inf)."""
+    """Serving's two launch configs and narrow ones (keys major or not, 1 to 8 query rows per program) on
+    ragged extend rows: the short requests' rows lie whole key tiles before the 300-key width (tiles skipped,
+    written -inf); groups of rows that span two requests (3 + 7 + 5 + 1 rows), a last group past the rows."""
     _case(kv, [3, 19, 300, 70], [3, 7, 5, 1], nI=5, topk=16, config=config)
 
 
@@ -105,7 +115,9 @@ def test_indexer_fp32_queries_ieee(on_gpu):
 @pytest.mark.gpu
 @pytest.mark.parametrize("kv", ["fp8", "bf16"])
 @pytest.mark.parametrize(
-    "config", [LOGITS_DECODE, LOGITS_EXTEND, (128, 4, True, True), (64, 4, False, True)], ids=str
+    "config",
+    [LOGITS_DECODE, LOGITS_EXTEND, (128, 4, True, True), (64, 4, False, True), (64, 8, True, True, 4)],
+    ids=str,
 )
 def test_indexer_full(kv, config):
     _case(kv, [1, 97, 2048, 2049, 9000], [1, 3, 2, 5, 9], nI=64, topk=2048, config=config)

@@ -47,7 +47,9 @@ def test_kernel_path_equals_twin_in_the_backend(kv):
         "graph_decode_padded",
     }
     assert rep["fused_meta"] == {"triton": True}  # decode rows from the fused build (kernels/decode_meta.py)
-    assert rep["fused_topk"] == {"triton": True}  # MLA-DSA keys from the one-launch top-k (kernels/indexer.py)
+    assert rep["fused_topk"] == {
+        "triton": True
+    }  # MLA-DSA keys from the one-launch top-k (kernels/indexer.py)
     print(json.dumps(rep))
 
 
@@ -134,9 +136,12 @@ def test_static_buffer_decode_steps_equal_eager():
 @pytest.mark.slow
 def test_kernel_path_model_equals_rounded_twin():
     """The tiny model end to end (layers -> typed backend inputs -> kernels) equals the twin fed the same
-    bf16-rounded queries: same greedy token at every position, logits to 2e-3 of their scale."""
+    bf16-rounded queries: logits to 2e-3 of their scale, the same greedy token at every position but a
+    near-tie of the twin's within the logits' measured difference (at most two: the fp32 GEMMs round as the
+    host CPU's kernels do, so a position whose top two differ by 2e-5 may flip on one host)."""
     rep = _run("model", "bfloat16", "cpu")
     r = rep["rounded_twin"]
     print(json.dumps(rep))
-    assert r["top1_equal"] == rep["positions"], rep
     assert r["max_logit_diff"] <= 2e-3 * r["logit_scale"], rep
+    assert r["top1_equal"] >= rep["positions"] - 2, rep
+    assert r["top1_equal"] == rep["positions"] or r["worst_top1_gap"] <= 2 * r["max_logit_diff"], rep
