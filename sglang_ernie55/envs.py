@@ -49,14 +49,42 @@ def mla_sparse_prefill() -> bool:
     return _default_on("SGLANG_ERNIE55_MLA_SPARSE_PREFILL")
 
 
+INDEXER_EXTEND_KEYS, INDEXER_EXTEND_WARPS, INDEXER_EXTEND_ROWS = (32, 64, 128, 256), (4, 8), (1, 2, 4, 8)
+
+
+def indexer_extend_config() -> tuple[int, int, bool, bool, int] | None:
+    """`SGLANG_ERNIE55_INDEXER_EXTEND`: `keys,warps,keys_major,rows` (e.g. `64,8,1,4`), the indexer logits'
+    launch config for extend batches (`indexer_logits`' config: keys per step, warps, keys major 0 / 1, query
+    rows per program); unset: `LOGITS_EXTEND`. For measuring other configs in a served batch."""
+    raw = os.environ.get("SGLANG_ERNIE55_INDEXER_EXTEND", "").strip()
+    if not raw:
+        return None
+    legal = (
+        f"keys per step in {INDEXER_EXTEND_KEYS}, warps in {INDEXER_EXTEND_WARPS}, keys major 0 or 1, rows "
+        f"in {INDEXER_EXTEND_ROWS}"
+    )
+    try:
+        keys, warps, km, rows = (int(x) for x in raw.split(","))
+    except ValueError:
+        keys = warps = km = rows = -1
+    if (
+        keys not in INDEXER_EXTEND_KEYS
+        or warps not in INDEXER_EXTEND_WARPS
+        or km not in (0, 1)
+        or rows not in INDEXER_EXTEND_ROWS
+    ):
+        raise ValueError(f"SGLANG_ERNIE55_INDEXER_EXTEND={raw!r}: keys,warps,keys_major,rows with {legal}")
+    return (keys, warps, True, bool(km), rows)
+
+
 PREFILL_WARMUP_MODES = ("auto", "1", "0")
 
 
 def prefill_warmup() -> str:
     """`SGLANG_ERNIE55_PREFILL_WARMUP`: one of PREFILL_WARMUP_MODES. `auto` (default): an ERNIE-5.5 CUDA
-    server outside PD disaggregation sends one prompt of four chunks and more before SGLang's warm-up request,
-    so the first long prompt does not wait for Triton's compiles (sglang_ernie55.warmup); `1`: on any device;
-    `0`: never."""
+    server outside PD disaggregation sends one prompt of four chunks and more, then short ones of each
+    power-of-two length bucket, before SGLang's warm-up request, so the first prompt of a new length does not
+    wait for Triton's compiles (sglang_ernie55.warmup); `1`: on any device; `0`: never."""
     v = os.environ.get("SGLANG_ERNIE55_PREFILL_WARMUP", "auto").strip().lower() or "auto"
     if v not in PREFILL_WARMUP_MODES:
         raise ValueError(

@@ -65,6 +65,30 @@ def test_which_servers_warm_up(mode, device, pd, want):
     assert wanted(mode, device, pd) is want
 
 
+@pytest.mark.parametrize(
+    "raw, want",
+    [
+        ("", None),
+        ("64,8,1,4", (64, 8, True, True, 4)),
+        (" 128,4,0,1 ", (128, 4, True, False, 1)),
+        ("64,8,1", ValueError),
+        ("64,8,1,3", ValueError),
+        ("48,8,1,2", ValueError),
+        ("64,2,1,2", ValueError),
+        ("64,8,2,2", ValueError),
+        ("a,b,c,d", ValueError),
+    ],
+)
+def test_indexer_extend_env(monkeypatch, raw, want):
+    """SGLANG_ERNIE55_INDEXER_EXTEND: four integers within the legal sets, else an error naming the variable."""
+    monkeypatch.setenv("SGLANG_ERNIE55_INDEXER_EXTEND", raw)
+    if want is ValueError:
+        with pytest.raises(ValueError, match="SGLANG_ERNIE55_INDEXER_EXTEND=.*rows in"):
+            envs.indexer_extend_config()
+    else:
+        assert envs.indexer_extend_config() == want
+
+
 def test_env_values(monkeypatch):
     monkeypatch.delenv("SGLANG_ERNIE55_PREFILL_WARMUP", raising=False)
     assert envs.prefill_warmup() == "auto"
@@ -100,9 +124,14 @@ def test_other_models_send_nothing(monkeypatch):
     import types
 
     import requests
+    import sglang.srt.arg_groups.serving_hook  # noqa: F401
+    import sglang.srt.runtime_context  # noqa: F401
     from sglang.srt.arg_groups import model_override_base
 
     import sglang_ernie55.warmup as w
+
+    # (the modules the warm-up imports are imported above, before the patch: one imported under it would keep
+    # the patched function for every later test)
 
     qwen = types.SimpleNamespace(hf_config=types.SimpleNamespace(architectures=["Qwen3MoeForCausalLM"]))
     monkeypatch.setattr(model_override_base, "model_config_of", lambda sa: qwen)

@@ -68,7 +68,7 @@ class KernelMeta:
     st_seq: torch.Tensor  # [T] its request's sequence length after the batch
     mla_chunks: tuple[tuple[int, int, int], ...]  # (t0, t1, logits width) query chunks of the indexer
     # indexer_logits' launch config (kernels/indexer.py)
-    index_config: tuple[int, int, bool, bool] = LOGITS_DECODE
+    index_config: tuple[int, ...] = LOGITS_DECODE
     # FlashMLA sparse prefill (extend batches, else None): the batch's latent rows as one bf16 copy, each request's
     # pages in turn. dense_loc [pages * page] full-pool slot of each copy row (int64, -1 past the request's
     # length); dense_pt [B, pages] copy page of position s of row b (the top-k's page table into the copy)
@@ -322,8 +322,9 @@ class KernelPath:
         self._rope_tables: dict = {}
         self.fused_meta = self._fused_meta_works() if fused_meta is None else fused_meta
         self.fused_topk = self._fused_topk_works() if fused_topk is None else fused_topk
-        from ..envs import mla_sparse_prefill
+        from ..envs import indexer_extend_config, mla_sparse_prefill
 
+        self.index_extend = indexer_extend_config() or LOGITS_EXTEND
         self.mla_prefill = (
             LAYER_MLA_DSA in self.flashmla and mla_sparse_prefill() and sparse_prefill_runs(self.topk)
         )
@@ -369,7 +370,7 @@ class KernelPath:
         cmp_width: int,
         nj: int,
         mla_chunks,
-        index_config: tuple[int, int, bool, bool] = LOGITS_DECODE,
+        index_config: tuple[int, ...] = LOGITS_DECODE,
     ) -> KernelMeta:
         """req (pool rows) / P (prefix) / L (seq len) / tok_start [B]; tok_req / tok_pos / loc / valid_tok [T]."""
         page, ratio = self.page_size, self.ratio
@@ -528,7 +529,7 @@ class KernelPath:
             cmp_width,
             nj,
             _mla_chunks(ext, seq),
-            LOGITS_EXTEND,
+            self.index_extend,
         )
         if self.mla_prefill:
             pages = [-(-x // self.page_size) for x in seq]

@@ -318,6 +318,11 @@ class BackendRun:
             impl: any(getattr(i, "mla_prefill", False) for i in be._distinct)
             for impl, be in self.backs.items()
         }
+        # the indexer logits' extend launch config (KernelPath.index_extend)
+        index_extend = {
+            impl: sorted({tuple(getattr(i, "index_extend", ())) for i in be._distinct} - {()})
+            for impl, be in self.backs.items()
+        }
         self.report: dict = {
             "kv": kv,
             "device": device,
@@ -325,6 +330,7 @@ class BackendRun:
             "fused_meta": fused,
             "fused_topk": fused_topk,
             "mla_sparse_prefill": prefill,
+            "index_extend": index_extend,
             "steps": {},
         }
 

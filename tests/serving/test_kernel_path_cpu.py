@@ -54,6 +54,16 @@ def test_kernel_path_equals_twin_in_the_backend(kv):
 
 
 @pytest.mark.slow
+def test_kernel_path_several_indexer_rows_equal_twin(monkeypatch):
+    """The same batches with the indexer logits' extend launch set by SGLANG_ERNIE55_INDEXER_EXTEND to 4 query
+    rows per program (keys major): extend batches of several requests, groups across a request boundary."""
+    monkeypatch.setenv("SGLANG_ERNIE55_INDEXER_EXTEND", "32,4,1,4")
+    rep = _run("backend", "fp8_e4m3", "cpu", "tiny", "triton")
+    assert rep["index_extend"] == {"triton": [[32, 4, True, True, 4]]}, rep["index_extend"]
+    assert {"mixed_extend", "short_prefill", "prefix_hit"} <= set(rep["steps"])
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("kv", ["bfloat16", "fp8_e4m3"])
 def test_kernel_path_verify_equals_twin(kv):
     """TARGET_VERIFY (4 rows per request) on the two-block state ring: rows crossing a compression block
