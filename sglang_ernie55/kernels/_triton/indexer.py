@@ -24,9 +24,24 @@ def _head_sum(q, k, w, KM: tl.constexpr):
 
 @triton.jit
 def _raw_keys(
-    pt_ptr, pt_stride, req, s, valid, d, f8_ptr, bf_ptr, page_size, page_bytes, data_stride, scale_base,
-    scale_stride, KIND: tl.constexpr, DI: tl.constexpr, DI_P: tl.constexpr, DT: tl.constexpr,
-):  # fmt: skip
+    pt_ptr,
+    pt_stride,
+    req,
+    s,
+    valid,
+    d,
+    f8_ptr,
+    bf_ptr,
+    page_size,
+    page_bytes,
+    data_stride,
+    scale_base,
+    scale_stride,
+    KIND: tl.constexpr,
+    DI: tl.constexpr,
+    DI_P: tl.constexpr,
+    DT: tl.constexpr,
+):
     """The keys at positions s [BN] of request `req` as stored ([BN, DI_P], fp8 values unscaled), and the byte
     offsets of their scale rows (one fp32 power of two per fp8 token: the caller scales each key's logit)."""
     page = tl.load(pt_ptr + req * pt_stride + s // page_size, mask=valid, other=0).to(tl.int64)
@@ -114,9 +129,24 @@ def indexer_logits_kernel(
         if EXTEND:
             if n0 <= pos:
                 k, srow = _raw_keys(
-                    pt_ptr, pt_stride, req, s, valid, d, f8_ptr, bf_ptr, page_size, page_bytes, data_stride,
-                    scale_base, scale_stride, KIND, DI, DI_P, DT,
-                )  # fmt: skip
+                    pt_ptr,
+                    pt_stride,
+                    req,
+                    s,
+                    valid,
+                    d,
+                    f8_ptr,
+                    bf_ptr,
+                    page_size,
+                    page_bytes,
+                    data_stride,
+                    scale_base,
+                    scale_stride,
+                    KIND,
+                    DI,
+                    DI_P,
+                    DT,
+                )
                 logit = _head_sum(q, k, w, KM)
                 if KIND != 0:
                     logit = logit * tl.load(f32_ptr + srow // 4, mask=valid, other=1.0)
@@ -210,9 +240,24 @@ def indexer_logits_rows_kernel(
                 if n0 <= top:
                     valid = inb & (s <= top)
                     k, srow = _raw_keys(
-                        pt_ptr, pt_stride, req, s, valid, d, f8_ptr, bf_ptr, page_size, page_bytes,
-                        data_stride, scale_base, scale_stride, KIND, DI, DI_P, DT,
-                    )  # fmt: skip
+                        pt_ptr,
+                        pt_stride,
+                        req,
+                        s,
+                        valid,
+                        d,
+                        f8_ptr,
+                        bf_ptr,
+                        page_size,
+                        page_bytes,
+                        data_stride,
+                        scale_base,
+                        scale_stride,
+                        KIND,
+                        DI,
+                        DI_P,
+                        DT,
+                    )
                     logit = _rows_head_sums(q, k, w, KM, ROWS, BNI, BN)
                     if KIND != 0:
                         logit = logit * tl.load(f32_ptr + srow // 4, mask=valid, other=1.0)[None, :]
