@@ -33,7 +33,8 @@ the complete shapes in SGLang's names under triton_<version>/) and tune_fused_mo
 tables); for `--kernel linear` tune_fp8_linear.json, fp8_linear_configs.tar and tune_fp8_linear.log. A
 shape whose M list did not finish in the budget is marked incomplete and not installed.
 `install` writes sglang_ernie55/kernels/moe_configs/ (or fp8_linear_configs/, as the bundle says)
-triton_<version>/<SGLang's file name>.json and checks each file with that folder's `check_file`.
+triton_<version>/<SGLang's file name>.json, merged with a file already there unless `--replace`, and checks
+each file with that folder's `check_file` (an invalid one is left as it was).
 """
 
 from __future__ import annotations
@@ -425,9 +426,10 @@ def linear_shapes(device_name: str) -> list[LinearShape]:
 
 def linear_candidates(shape: LinearShape, M: int) -> list[dict]:
     """Stage-1 configs for one M (GROUP_SIZE_M = 1; refined later): row tiles up to the next power of two of M
-    (16 at least), column tiles 32-128, K tiles of one quantisation block; at M <= 64 also SGLang's SM90 kernel
-    with K split 2-16 ways (each split at least two K tiles) and with A and B swapped, which is how a GEMM of a
-    few rows fills the GPU; shared memory within bounds."""
+    (16 at least), column tiles 32-128 (and 256 from M 1024, Hopper's large-GEMM tile), K tiles of one
+    quantisation block; at M <= 64 also SGLang's SM90 kernel with K split 2-16 ways (each split at least two K
+    tiles) and with A and B swapped, which is how a GEMM of a few rows fills the GPU; shared memory within
+    bounds."""
     cap = max(16, min(128, 2 ** math.ceil(math.log2(max(M, 1)))))
     bk = FP8_BLOCK[1]
     k_tiles = -(-shape.K // bk)
@@ -440,7 +442,7 @@ def linear_candidates(shape: LinearShape, M: int) -> list[dict]:
     for bm in (16, 32, 64, 128):
         if bm > cap:
             continue
-        for bn in (32, 64, 128):
+        for bn in (32, 64, 128, 256) if M >= 1024 and bm >= 64 else (32, 64, 128):
             for w in (4, 8) if bm * bn >= 8192 else (4,):
                 for st in (3, 4, 5) if bm <= 32 else (2, 3, 4):
                     if smem(bm, bn, bk, 1, st) > SMEM_BYTES:
@@ -1090,9 +1092,24 @@ def install(args) -> int:
             continue
         folder.mkdir(parents=True, exist_ok=True)
         path = folder / sh["file"]
-        path.write_text(config_text(sh["configs"]))
+        merged = dict(sh["configs"])
+        kept = []
+        if path.exists() and not args.replace:
+            # a bundle of a few batch sizes keeps the file's rows for the others
+            old = json.loads(path.read_text())
+            kept = sorted((m for m in old if m not in merged), key=int)
+            merged = {**old, **merged}
+        text = config_text(merged)
+        previous = path.read_text() if path.exists() else None
+        path.write_text(text)
         problems = configs.check_file(path)
+        if problems and previous is not None:
+            path.write_text(previous)  # nothing half-written: an invalid bundle leaves the file as it was
         (bad if problems else wrote).append((path, problems))
+        if kept and not problems:
+            print(
+                f"kept {path.name}'s rows for M {', '.join(kept)} (not in the bundle; --replace drops them)"
+            )
     for path, _ in wrote:
         print(f"wrote {path}")
     for path, problems in bad:
@@ -1136,6 +1153,11 @@ def main(argv=None) -> int:
         "--dest", default=None, help="config folder (default: the package's folder for the bundle's kernel)"
     )
     i.add_argument("--allow-partial", action="store_true")
+    i.add_argument(
+        "--replace",
+        action="store_true",
+        help="write each file as the bundle has it (default: merge, keeping the file's other batch sizes)",
+    )
     p = sub.add_parser("plan", help="list the shapes, file names and search-space sizes (no GPU needed)")
     p.add_argument("--device-name", default="NVIDIA H200")
     p.add_argument("--batch-sizes", type=int, nargs="+", default=list(BATCH_SIZES))

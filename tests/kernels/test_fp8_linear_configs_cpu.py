@@ -231,6 +231,8 @@ def test_linear_search_space_is_one_sglangs_kernels_take(tuner, tmp_path):
         assert bool(split) is (M <= 64)
         assert all(4096 // 128 // c.get("SPLIT_K", 1) >= 2 for c in cands)
         assert all(c["BLOCK_SIZE_M"] <= max(16, 2 ** (M - 1).bit_length()) for c in cands)
+        # Hopper's 256-column tile at prefill sizes only
+        assert any(c["BLOCK_SIZE_N"] == 256 for c in cands) is (M >= 1024)
         path = write(
             tmp_path / "triton_3_6_0", shape.file_name(H200), {str(i + 1): c for i, c in enumerate(cands)}
         )

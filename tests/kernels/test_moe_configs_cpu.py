@@ -328,3 +328,28 @@ def test_tuner_install_writes_files_the_lookup_returns(tuner, lookup, tmp_path, 
     bundle.write_text(json.dumps(_bundle(tuner, entry=bad)))
     assert tuner.main(["install", str(bundle), "--dest", str(tmp_path / "other")]) == 1
     assert "INVALID" in capsys.readouterr().out
+
+
+def test_tuner_install_merges_a_bundle_of_a_few_batch_sizes(tuner, lookup, tmp_path, capsys):
+    bundle = tmp_path / "tune_fused_moe.json"
+    bundle.write_text(json.dumps(_bundle(tuner)))
+    assert tuner.main(["install", str(bundle), "--dest", str(lookup.folder)]) == 0
+    wide = tuner.full_config(dict(BLOCK_SIZE_M=64, BLOCK_SIZE_N=256, BLOCK_SIZE_K=128, GROUP_SIZE_M=16))
+    part = _bundle(tuner, entry=wide)
+    for sh in part["shapes"]:
+        sh["configs"] = {"8192": wide}
+    bundle.write_text(json.dumps(part))
+    capsys.readouterr()
+    assert tuner.main(["install", str(bundle), "--dest", str(lookup.folder)]) == 0
+    assert "rows for M 1, 64 (not in the bundle" in capsys.readouterr().out
+    got = lookup.fmc.get_moe_configs(512, 2048, "fp8_w8a8", 128, 128)
+    assert sorted(got) == [1, 64, 8192] and got[8192]["BLOCK_SIZE_N"] == 256 and got[1]["BLOCK_SIZE_M"] == 16
+    # --replace: the bundle's rows alone
+    assert tuner.main(["install", str(bundle), "--dest", str(lookup.folder), "--replace"]) == 0
+    assert sorted(json.loads((lookup.here / FP8_TP1).read_text())) == ["8192"]
+    # an invalid bundle leaves the merged file as it was
+    before = (lookup.here / FP8_TP1).read_text()
+    bad = tuner.full_config(dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=128, BLOCK_SIZE_K=256, GROUP_SIZE_M=1))
+    bundle.write_text(json.dumps(_bundle(tuner, entry=bad)))
+    assert tuner.main(["install", str(bundle), "--dest", str(lookup.folder)]) == 1
+    assert (lookup.here / FP8_TP1).read_text() == before
