@@ -49,11 +49,12 @@ def mla_sparse_prefill() -> bool:
     return _default_on("SGLANG_ERNIE55_MLA_SPARSE_PREFILL")
 
 
-INDEXER_EXTEND_KEYS, INDEXER_EXTEND_WARPS, INDEXER_EXTEND_ROWS = (32, 64, 128, 256), (4, 8), (1, 2, 4, 8)
+# rows 8: the kernel's logits were wrong on the H100 at (64, 8, keys major, 8), so serving does not take it
+INDEXER_EXTEND_KEYS, INDEXER_EXTEND_WARPS, INDEXER_EXTEND_ROWS = (32, 64, 128, 256), (4, 8), (1, 2, 4)
 
 
 def indexer_extend_config() -> tuple[int, int, bool, bool, int] | None:
-    """`SGLANG_ERNIE55_INDEXER_EXTEND`: `keys,warps,keys_major,rows` (e.g. `64,8,1,4`), the indexer logits'
+    """`SGLANG_ERNIE55_INDEXER_EXTEND`: `keys,warps,keys_major,rows` (e.g. `128,4,0,1`), the indexer logits'
     launch config for extend batches (`indexer_logits`' config: keys per step, warps, keys major 0 / 1, query
     rows per program); unset: `LOGITS_EXTEND`. For measuring other configs in a served batch."""
     raw = os.environ.get("SGLANG_ERNIE55_INDEXER_EXTEND", "").strip()

@@ -357,3 +357,34 @@ def test_compare(tmp_path, capsys, cpu):
             assert f"at most {max(gaps):.3f} nats" in out
     with pytest.raises(demo.DemoFailed, match="read the prompt as 4 tokens"):
         d._compare({"ids": [7], "prompt_tokens": 4}, ref, strict=cpu, cpu=cpu, log_path=tmp_path / "s.log")
+
+
+def test_progress_names_the_prefill_warm_up(tmp_path):
+    """While the plugin's prefill warm-up compiles (tens of seconds on a fresh GPU machine), the progress line
+    says so, not 'SGLang's warm-up request'; the markers are the warm-up module's own log lines."""
+    import inspect
+
+    from sglang_ernie55 import warmup
+
+    src = inspect.getsource(warmup)
+    assert '"ERNIE-5.5: prefill warm-up: %d prompt(s)' in src and '"ERNIE-5.5: prefill warm-up done in' in src
+    log = tmp_path / "server.log"
+    lines = [
+        "[2026-12-07 13:33:40] Uvicorn running on http://127.0.0.1:30000 (Press CTRL+C to quit)",
+        "[2026-12-07 13:33:43] ERNIE-5.5: prefill warm-up: 1 prompt(s) of 34823 tokens, then 25 of 1 .. 8191 "
+        "tokens (compiles the prefill kernels)",
+        "[2026-12-07 13:34:19] ERNIE-5.5: prefill warm-up done in 36.0 s",
+        "[2026-12-07 13:34:25] The server is fired up and ready to roll!",
+    ]
+    want = [
+        "HTTP up, running SGLang's warm-up request",
+        "prefill warm-up: compiling the prefill kernels per prompt length",
+        "running SGLang's warm-up request",
+        "ready",
+    ]
+    for i, expect in enumerate(want):
+        log.write_text("\n".join(lines[: i + 1]) + "\n")
+        assert demo._phase(log).startswith(expect), (i, demo._phase(log))
+    # a skipped warm-up leaves the phase where it was
+    log.write_text(lines[0] + "\n[x] ERNIE-5.5: prefill warm-up skipped: RuntimeError: no\n")
+    assert demo._phase(log).startswith("HTTP up")

@@ -73,6 +73,7 @@ def test_which_servers_warm_up(mode, device, pd, want):
         (" 128,4,0,1 ", (128, 4, True, False, 1)),
         ("64,8,1", ValueError),
         ("64,8,1,3", ValueError),
+        ("64,8,1,8", ValueError),
         ("48,8,1,2", ValueError),
         ("64,2,1,2", ValueError),
         ("64,8,2,2", ValueError),

@@ -182,6 +182,12 @@ _PHASES = (
     ("Load weight end", "sizing and allocating the KV pool"),
     ("KV Cache is allocated", "setting up the scheduler"),
     ("Uvicorn running", "HTTP up, running SGLang's warm-up request"),
+    # sglang_ernie55.warmup's log lines: its prompts run before SGLang's own warm-up request
+    (
+        "ERNIE-5.5: prefill warm-up:",
+        "prefill warm-up: compiling the prefill kernels per prompt length (Triton caches them for later starts)",
+    ),
+    ("ERNIE-5.5: prefill warm-up done", "running SGLang's warm-up request"),
     ("fired up and ready", "ready"),
 )
 

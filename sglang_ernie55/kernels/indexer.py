@@ -102,10 +102,12 @@ def indexer_logits(
     return out
 
 
-# `indexer_logits` (keys per step, warps, extend variant, keys major) for decode rows (one per request) and for
-# extend rows (hundreds of one request's rows per indexer chunk), from benchmarks/bench_indexer.py and bench_decode.py
+# `indexer_logits` (keys per step, warps, extend variant, keys major[, rows]) for decode rows (one per
+# request) and for extend rows (hundreds of one request's rows per indexer chunk), from bench_indexer.py and
+# bench_decode.py: extend rows four per program, keys major, read each key tile once for four rows (512 rows
+# x 32K keys on the H100: 921 us against 1606 for one row per program at 128 keys; docs/benchmarks.md 6.4)
 LOGITS_DECODE = (64, 4, False, False)
-LOGITS_EXTEND = (128, 4, True, False)
+LOGITS_EXTEND = (64, 4, True, True, 4)
 
 
 def _ordered_key(logits: torch.Tensor) -> torch.Tensor:

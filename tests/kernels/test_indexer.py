@@ -116,7 +116,15 @@ def test_indexer_fp32_queries_ieee(on_gpu):
 @pytest.mark.parametrize("kv", ["fp8", "bf16"])
 @pytest.mark.parametrize(
     "config",
-    [LOGITS_DECODE, LOGITS_EXTEND, (128, 4, True, True), (64, 4, False, True), (64, 8, True, True, 4)],
+    [
+        LOGITS_DECODE,
+        LOGITS_EXTEND,
+        (128, 4, True, False),
+        (128, 4, True, True),
+        (64, 4, False, True),
+        (64, 8, True, True, 4),
+        (64, 8, True, True, 8),
+    ],
     ids=str,
 )
 def test_indexer_full(kv, config):
