@@ -591,6 +591,12 @@ LEDGER: tuple[Patch, ...] = (
         ("sglang.srt.model_executor.forward_context:ForwardContext", None),
     ),
     *_reads(
+        "sglang_ernie55.attention.interface",
+        "the layers ask the forward's attention backend which dtype it rounds their queries to",
+        ("sglang.srt.model_executor.forward_context:has_forward_context", ()),
+        ("sglang.srt.model_executor.forward_context:get_attn_backend", ()),
+    ),
+    *_reads(
         "sglang_ernie55.attention.draft_backend",
         "what SGLang's draft-extend CUDA-graph runner calls on the ECHO draft backend",
         (f"{_BASE_BACKEND}.init_forward_metadata_in_graph", ("forward_batch",)),

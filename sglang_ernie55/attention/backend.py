@@ -177,6 +177,13 @@ class Ernie55AttnBackend(AttentionBackend):
         not on the draft tokens, positions or a tree mask (chains only: causal rows, no custom mask)."""
 
     # ------------------------------------------------------------------ layers
+    def ernie_query_dtype(self, kind: str) -> torch.dtype | None:
+        """What this batch's implementation of `kind` layers rounds their queries to first (the kernel path's
+        `query_dtype`); None where they stay fp32 (the torch path, a CP-split extend, which runs it)."""
+        if self._split is not None:
+            return None
+        return getattr(self.impls.get(kind), "query_dtype", None)
+
     def _route(self, layer, inputs: LayerInputs) -> tuple[str, AttnImpl]:
         self.pool.wait_layer_transfer(layer.layer_id)  # a HiCache load of this layer's pages has landed
         kind = self.layer_kinds[layer.layer_id]

@@ -10,6 +10,7 @@ import dataclasses
 from typing import ClassVar, Protocol
 
 import torch
+from sglang.srt.model_executor.forward_context import get_attn_backend, has_forward_context
 
 from ..configuration import LAYER_HCA, LAYER_MLA_DSA
 
@@ -57,6 +58,17 @@ class MLAInputs:
 
 
 LayerInputs = HCAInputs | MLAInputs
+
+
+def query_dtype(kind: str) -> torch.dtype | None:
+    """The dtype this forward's attention backend (SGLang's forward context, where RadixAttention finds it)
+    rounds a `kind` layer's queries to before its kernels (the backend's `ernie_query_dtype`), so the layer
+    can emit them in it once instead of fp32 plus a copy; None (fp32 queries) where the backend keeps them
+    fp32, is not ours (the ECHO draft's), or no forward is running."""
+    if not has_forward_context():
+        return None
+    fn = getattr(get_attn_backend(), "ernie_query_dtype", None)
+    return fn(kind) if fn is not None else None
 
 
 def real_rows(inputs: LayerInputs, q: torch.Tensor) -> LayerInputs:

@@ -15,7 +15,8 @@ from sglang.srt.layers.radix_attention import RadixAttention
 from sglang.srt.runtime_context import get_parallel
 from torch import nn
 
-from ..attention.interface import HCAInputs, MLAInputs
+from ..attention.interface import HCAInputs, MLAInputs, query_dtype
+from ..configuration import LAYER_HCA, LAYER_MLA_DSA
 from .impl import use_kernels
 from .linear import InputProjections, linear_quant_config
 from .rope import RopePositions, RopeTable, mla_softmax_scale
@@ -88,15 +89,24 @@ def rms_norm_fp32(x: torch.Tensor, weight, eps: float, out_dtype: torch.dtype | 
     return y if out_dtype is None else y.to(out_dtype)
 
 
-def norm_rope_fp32(x: torch.Tensor, weight, eps: float, rp: RopePositions, rope: RopeTable, norm=None):
+def norm_rope_fp32(
+    x: torch.Tensor,
+    weight,
+    eps: float,
+    rp: RopePositions,
+    rope: RopeTable,
+    norm=None,
+    out_dtype: torch.dtype | None = None,
+):
     """fp32 RMSNorm of the last dim (weight None: weightless), then interleaved RoPE on its last rope dims at the
-    forward's positions; returns a new fp32 tensor. Kernels: one launch (`kernels.norm.rms_norm(rope=)`);
-    torch: the norm, then `RopeTable.tail_`."""
+    forward's positions; returns a new tensor, fp32 or rounded once to `out_dtype`. Kernels: one launch
+    (`kernels.norm.rms_norm(rope=)`, which rounds last); torch: the norm, then `RopeTable.tail_`."""
     if rp.cos is not None and use_kernels(x):
         from ..kernels.norm import rms_norm
 
-        return rms_norm(x, weight, eps, None, rope=(rp.cos, rp.sin))
-    return rope.tail_(rms_norm_fp32(x, weight, eps, None, norm), rp)
+        return rms_norm(x, weight, eps, out_dtype, rope=(rp.cos, rp.sin))
+    y = rope.tail_(rms_norm_fp32(x, weight, eps, None, norm), rp)
+    return y if out_dtype in (None, y.dtype) else y.to(out_dtype)
 
 
 class Compressor(nn.Module):
@@ -183,7 +193,9 @@ class Ernie55HCAAttention(nn.Module):
         rp = rope.at(positions)
         q_a, kv_x, cs = self.x_proj(x)
         q = self.wq_b(norm_fp32(self.q_norm, q_a, x.dtype))[0].view(T, self.h, self.D)
-        q = norm_rope_fp32(q, None, self.eps, rp, rope)  # weightless per-head norm (fp32, a new tensor)
+        # weightless per-head norm, a new tensor: fp32, or rounded once to the dtype the attention rounds the
+        # queries to (the same values, without an fp32 copy of [T, h, D] and a cast)
+        q = norm_rope_fp32(q, None, self.eps, rp, rope, out_dtype=query_dtype(LAYER_HCA))
         kv = norm_rope_fp32(kv_x, self.kv_norm.weight, self.kv_norm.variance_epsilon, rp, rope, self.kv_norm)
         # cs: the compressor's [values | scores] rows, handed over as x_proj's column slice (the backend reads
         # them as fp32: no copy here)
@@ -285,7 +297,9 @@ class Ernie55MLADSAAttention(nn.Module):
         q_a, kv_a, ik_x, iw_x = self.x_proj(x)
         q_lat = norm_fp32(self.q_a_layernorm, q_a, x.dtype)
         q = self.q_b_proj(q_lat)[0].view(T, self.h, self.dn + self.dr).float()
-        kv_a = kv_a.float()  # the tail is rotated in place: fp32 (a new tensor), or a view of x_proj's fresh output
+        kv_a = (
+            kv_a.float()
+        )  # the tail is rotated in place: fp32 (a new tensor), or a view of x_proj's fresh output
         latent = norm_fp32(self.kv_a_layernorm, kv_a[:, : self.r])
         q_pe = rope.rotated_tail(q, rp)  # kernels: rotated inside q (q_nope untouched)
         k_pe = rope.rotated_tail(kv_a, rp)  # after the latent's norm read kv_a[:, :r]
@@ -293,8 +307,9 @@ class Ernie55MLADSAAttention(nn.Module):
         w = self.kv_b_proj.weight.view(self.h, self.dn + self.dv, self.r)
         q_abs = torch.einsum("thd,hdr->thr", q[..., : self.dn].to(w.dtype), w[:, : self.dn])
         iq, iw, ik = self.indexer(ik_x, iw_x, q_lat, rp, rope)
+        qd = query_dtype(LAYER_MLA_DSA)  # as the HCA layer's queries
         o_lat = self.attn(
-            torch.cat([q_abs, q_pe], -1),
+            torch.cat([q_abs, q_pe], -1) if qd is None else torch.cat([q_abs.to(qd), q_pe.to(qd)], -1),
             torch.cat([latent, k_pe], -1),
             latent,
             forward_batch,

@@ -2,6 +2,8 @@
 strided rows (a column slice), every output dtype, zero rows; rows are independent (batch invariance); with
 the RoPE of the row's tail fused in, vs the norm then the reference rotation."""
 
+import os
+
 import pytest
 import torch
 
@@ -10,6 +12,7 @@ from sglang_ernie55.kernels.rope import rope_
 from sglang_ernie55.reference import functional as F
 from sglang_ernie55.reference import rope
 from tests.kernels.kutil import DEV
+from tests.shim_lib import triton_bf16
 
 
 def _check(M, N, dtype, out_dtype, weighted, strided=False, scale=3.0):
@@ -112,6 +115,20 @@ def test_rms_norm_rope_tail(T, shape, rope_dim, weighted, strided):
         rms_norm(xd, None if w is None else w.to(DEV), 1e-6).view(T, heads, N), None, c.to(DEV), s.to(DEV)
     )
     torch.testing.assert_close(got.cpu(), two.view(got.shape).cpu(), atol=2e-6, rtol=2e-6)
+    # rounded once to bf16 in the launch (the attention's query dtype): the fp32 result's bf16 cast, bit for
+    # bit (in the interpreter with the GPU's rounding: its own conversion truncates, tests/shim_lib)
+    shim = os.environ.get("TRITON_INTERPRET") == "1"
+    if shim:
+        assert triton_bf16.install() is None
+    try:
+        low = rms_norm(
+            xd, None if w is None else w.to(DEV), 1e-6, torch.bfloat16, rope=(c.to(DEV), s.to(DEV))
+        )
+    finally:
+        if shim:
+            triton_bf16.uninstall()
+    assert low.dtype == torch.bfloat16 and low.is_contiguous()
+    assert torch.equal(low.cpu(), got.cpu().to(torch.bfloat16))
 
 
 def test_rms_norm_rope_refuses_bad_tables():

@@ -647,6 +647,63 @@ def run_model(kv: str = "bfloat16", device: str = "cpu") -> dict:
     return rep
 
 
+def run_query_dtype(kv: str = "bfloat16", device: str = "cpu") -> dict:
+    """The tiny model in bf16 on the kernel path, twice: the layers emit their attention queries in the
+    backend's query dtype (`ernie_query_dtype`: bf16, rounded once in the norm / concat that makes them), then
+    in fp32 for the backend to cast (`ernie_query_dtype` None). Reports the dtypes the backend received,
+    whether the two runs' queries are equal bit for bit after the backend's cast, and whether their logits
+    are."""
+    from sglang_ernie55.configuration import tiny_config
+    from sglang_ernie55.reference.model import build_reference
+
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        # bit-for-bit bf16 stores need the GPU's rounding (the interpreter truncates): tests/shim_lib
+        from tests.shim_lib.triton_bf16 import install as _gpu_bf16_rounding
+
+        why = _gpu_bf16_rounding()
+        assert why is None, why
+    th.init_dist()
+    cfg = tiny_config()
+    ref = build_reference(cfg, seed=0)
+    model = th.build_model(cfg, dtype=torch.bfloat16)
+    model.load_weights(ref.state_dict().items())
+    model = model.to(device)
+    th.torch_experts(model)
+    dtype = torch.float8_e4m3fn if kv == "fp8_e4m3" else torch.bfloat16
+    g = torch.Generator().manual_seed(7)
+    ids = torch.randint(3, cfg.vocab_size, (140,), generator=g)
+    outs, queries, dtypes = {}, {}, {}
+    for name, early in (("layer", True), ("backend", False)):
+        s = th.Session(model, cfg, dtype, num_pages=4, max_ctx=1024, slots=2, impl="triton", device=device)
+        if not early:
+            s.backend.ernie_query_dtype = lambda kind: None
+        seen, kinds = [], set()
+
+        def recording(f, cast, seen=seen, kinds=kinds):
+            def wrap(kind, q, *a, **kw):
+                kinds.add((kind, str(q.dtype)))
+                seen.append(q.to(cast).clone())  # what the backend's own cast makes of it
+                return f(kind, q, *a, **kw)
+
+            return wrap
+
+        for impl in s.backend._distinct:
+            for method in ("extend", "rows"):
+                setattr(impl, method, recording(getattr(impl, method), impl.query_dtype))
+        parts = [s.extend([0], [ids[:100]]), s.extend([0], [ids[100:137]])]
+        parts += [s.decode([0], [int(ids[137 + t])]) for t in range(3)]
+        outs[name], queries[name], dtypes[name] = torch.cat(parts).float().cpu(), seen, sorted(kinds)
+    a, b = queries["layer"], queries["backend"]
+    return {
+        "kv": kv,
+        "dtypes": dtypes,
+        "calls": len(a),
+        "queries_equal": sum(int(torch.equal(x, y)) for x, y in zip(a, b)) if len(a) == len(b) else -1,
+        "logits_equal": bool(torch.equal(outs["layer"], outs["backend"])),
+        "max_logit_diff": float((outs["layer"] - outs["backend"]).abs().max()),
+    }
+
+
 def run_graph(
     kv: str, device: str = "cuda", geometry: str = "full", impls=("triton",), steps: int = 3
 ) -> dict:
@@ -779,5 +836,7 @@ if __name__ == "__main__":
         print(json.dumps(run_backend_swa(kv, dev, geom, impls)))
     elif mode == "graph":
         print(json.dumps(run_graph(kv, dev, geom, impls)))
+    elif mode == "query_dtype":
+        print(json.dumps(run_query_dtype(kv, dev)))
     else:
         print(json.dumps(run_model(kv, dev)))
