@@ -88,3 +88,14 @@ def test_tiny_model_kernel_path_tracks_rounded_twin():
     # bf16 MMA operands (P, V) in the GPU kernels, amplified ~9x by the random tiny model: the first H200 run
     # (2026-12-02) measured 0.103 (0.101 against the unrounded twin), top-1 138/140; bound set above that
     assert r["max_logprob_diff"] <= 0.15, rep
+
+
+@pytest.mark.parametrize("kv", ["fp8_e4m3", "bfloat16"])
+def test_layers_emit_queries_in_the_backends_dtype_gpu(kv):
+    """The tiny bf16 model on the GPU's kernels: bf16 queries from the layers (the norm + RoPE launch's own
+    rounding, the MLA concat) are the bits of fp32 queries cast by the backend, and the logits are too."""
+    rep = kpc.run_query_dtype(kv, "cuda")
+    print(json.dumps(rep))
+    assert rep["dtypes"]["layer"] == [["hca", "torch.bfloat16"], ["mla_dsa", "torch.bfloat16"]], rep
+    assert rep["calls"] >= 20 and rep["queries_equal"] == rep["calls"], rep
+    assert rep["logits_equal"], rep
