@@ -599,20 +599,34 @@ def rounded_twin_cls():
     return RoundedTwin
 
 
-def run_model(kv: str = "bfloat16", device: str = "cpu") -> dict:
-    """Tiny model (fp32 weights) end to end: the kernel path vs the twin fed the same bf16-rounded queries
-    (`rounded_twin_cls`), over a prefill, a chunk that completes block 0 from state rows, and decode; also
-    reports the kernel path vs the plain twin (queries in fp32: DSA top-k near-ties and MoE routing flip)."""
+def _tiny_model(dtype: torch.dtype, device: str):
+    """(config, SGLang model): the tiny preset in `dtype`, the reference's seed-0 weights, torch experts."""
     from sglang_ernie55.configuration import tiny_config
     from sglang_ernie55.reference.model import build_reference
 
     th.init_dist()
     cfg = tiny_config()
     ref = build_reference(cfg, seed=0)
-    model = th.build_model(cfg, dtype=torch.float32)
+    model = th.build_model(cfg, dtype=dtype)
     model.load_weights(ref.state_dict().items())
     model = model.to(device)
     th.torch_experts(model)
+    return cfg, model
+
+
+def _prefill_chunk_decode(s, ids: torch.Tensor) -> torch.Tensor:
+    """Request 0: a 100-token prefill, a 37-token chunk that completes block 0 from state rows, 3 decode
+    steps; their logits, fp32 on the CPU."""
+    parts = [s.extend([0], [ids[:100]]), s.extend([0], [ids[100:137]])]
+    parts += [s.decode([0], [int(ids[137 + t])]) for t in range(3)]
+    return torch.cat(parts).float().cpu()
+
+
+def run_model(kv: str = "bfloat16", device: str = "cpu") -> dict:
+    """Tiny model (fp32 weights) end to end: the kernel path vs the twin fed the same bf16-rounded queries
+    (`rounded_twin_cls`), over a prefill, a chunk that completes block 0 from state rows, and decode; also
+    reports the kernel path vs the plain twin (queries in fp32: DSA top-k near-ties and MoE routing flip)."""
+    cfg, model = _tiny_model(torch.float32, device)
     dtype = torch.float8_e4m3fn if kv == "fp8_e4m3" else torch.bfloat16
     g = torch.Generator().manual_seed(5)
     ids = torch.randint(3, cfg.vocab_size, (140,), generator=g)
@@ -626,9 +640,7 @@ def run_model(kv: str = "bfloat16", device: str = "cpu") -> dict:
         s = th.Session(
             model, cfg, dtype, num_pages=4, max_ctx=1024, slots=2, impl=impl, device=device, backend_cls=cls
         )
-        parts = [s.extend([0], [ids[:100]]), s.extend([0], [ids[100:137]])]
-        parts += [s.decode([0], [int(ids[137 + t])]) for t in range(3)]
-        outs[name] = torch.cat(parts).float().cpu()
+        outs[name] = _prefill_chunk_decode(s, ids)
     rep = {"kv": kv, "device": device, "positions": int(outs["kernel"].shape[0])}
     a = outs["kernel"]
     for name in ("rounded_twin", "twin"):
@@ -653,22 +665,13 @@ def run_query_dtype(kv: str = "bfloat16", device: str = "cpu") -> dict:
     in fp32 for the backend to cast (`ernie_query_dtype` None). Reports the dtypes the backend received,
     whether the two runs' queries are equal bit for bit after the backend's cast, and whether their logits
     are."""
-    from sglang_ernie55.configuration import tiny_config
-    from sglang_ernie55.reference.model import build_reference
-
     if os.environ.get("TRITON_INTERPRET") == "1":
         # bit-for-bit bf16 stores need the GPU's rounding (the interpreter truncates): tests/shim_lib
         from tests.shim_lib.triton_bf16 import install as _gpu_bf16_rounding
 
         why = _gpu_bf16_rounding()
         assert why is None, why
-    th.init_dist()
-    cfg = tiny_config()
-    ref = build_reference(cfg, seed=0)
-    model = th.build_model(cfg, dtype=torch.bfloat16)
-    model.load_weights(ref.state_dict().items())
-    model = model.to(device)
-    th.torch_experts(model)
+    cfg, model = _tiny_model(torch.bfloat16, device)
     dtype = torch.float8_e4m3fn if kv == "fp8_e4m3" else torch.bfloat16
     g = torch.Generator().manual_seed(7)
     ids = torch.randint(3, cfg.vocab_size, (140,), generator=g)
@@ -690,9 +693,7 @@ def run_query_dtype(kv: str = "bfloat16", device: str = "cpu") -> dict:
         for impl in s.backend._distinct:
             for method in ("extend", "rows"):
                 setattr(impl, method, recording(getattr(impl, method), impl.query_dtype))
-        parts = [s.extend([0], [ids[:100]]), s.extend([0], [ids[100:137]])]
-        parts += [s.decode([0], [int(ids[137 + t])]) for t in range(3)]
-        outs[name], queries[name], dtypes[name] = torch.cat(parts).float().cpu(), seen, sorted(kinds)
+        outs[name], queries[name], dtypes[name] = _prefill_chunk_decode(s, ids), seen, sorted(kinds)
     a, b = queries["layer"], queries["backend"]
     return {
         "kv": kv,
