@@ -42,7 +42,11 @@ def test_one_launch_kernels_compile_for_sm90(tmp_path):
     meta = {f"decode_meta{m}_rows{r}" for m in ("", "_mapped") for r in (1, 3)}
     norms = {"rms_norm_rope_q", "rms_norm_rope_kv", "rms_norm"}
     mhc = {"hc_pre_tail", "hc_pre_tail_norm", "hc_head_norm"}
-    logits = {"indexer_logits_extend_128x4w", "indexer_logits_decode_64x4w"}
+    logits = {
+        "indexer_logits_extend_128x4w",
+        "indexer_logits_decode_64x4w",
+        "indexer_logits_extend_64x4w_km_rows4",
+    }
     logits |= {"indexer_logits_extend_64x4w_km_rows2", "indexer_logits_extend_64x8w_km_rows4"}
     assert set(rows) == meta | topk | norms | mhc | logits
     for name, r in rows.items():
