@@ -204,6 +204,16 @@ def fused_launches():
         out[name] = capture_launch(
             NM.rms_norm_kernel, functools.partial(NM.rms_norm, x, w, 1e-6, None, rope=rope)
         )
+    from sglang_ernie55.kernels import rope as RP
+
+    # the HCA output's inverse rotation (bf16, FlashMLA's output) and the indexer's rotate-half
+    o, ik = torch.randn(T, 64, 512).to(torch.bfloat16), torch.randn(T, 64, 128)
+    out["rope_inverse_interleaved"] = capture_launch(
+        RP.rope_inplace_kernel, functools.partial(RP.rope_, o, None, cs, cs, True)
+    )
+    out["rope_neox"] = capture_launch(
+        RP.rope_inplace_kernel, functools.partial(RP.rope_, ik, None, cs, cs, neox=True, start=0)
+    )
     from sglang_ernie55.kernels import mhc as MH
 
     # the mHC site's tail: plain (y fp32), with the sub-layer norm (bf16 out), hc_head + the final norm

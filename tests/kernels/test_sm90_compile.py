@@ -48,6 +48,7 @@ def test_one_launch_kernels_compile_for_sm90(tmp_path):
         "indexer_logits_extend_64x4w_km_rows4",
     }
     logits |= {"indexer_logits_extend_64x4w_km_rows2", "indexer_logits_extend_64x8w_km_rows4"}
-    assert set(rows) == meta | topk | norms | mhc | logits
+    rope = {"rope_inverse_interleaved", "rope_neox"}
+    assert set(rows) == meta | topk | norms | mhc | logits | rope
     for name, r in rows.items():
         assert r["spill_st"] == 0 and r["spill_ld"] == 0, (name, r)

@@ -40,12 +40,18 @@ def rope_inplace_kernel(
     if NEOX:
         p0 = row + i[None, :]
         p1 = p0 + HALF
+        x0 = tl.load(p0, mask=hm[:, None]).to(tl.float32)
+        x1 = tl.load(p1, mask=hm[:, None]).to(tl.float32)
+        y0 = x0 * c[None, :] - x1 * s[None, :]
+        y1 = x0 * s[None, :] + x1 * c[None, :]
+        tl.store(p0, y0.to(x_ptr.dtype.element_ty), mask=hm[:, None])
+        tl.store(p1, y1.to(x_ptr.dtype.element_ty), mask=hm[:, None])
     else:
-        p0 = row + 2 * i[None, :]
-        p1 = p0 + 1
-    x0 = tl.load(p0, mask=hm[:, None]).to(tl.float32)
-    x1 = tl.load(p1, mask=hm[:, None]).to(tl.float32)
-    y0 = x0 * c[None, :] - x1 * s[None, :]
-    y1 = x0 * s[None, :] + x1 * c[None, :]
-    tl.store(p0, y0.to(x_ptr.dtype.element_ty), mask=hm[:, None])
-    tl.store(p1, y1.to(x_ptr.dtype.element_ty), mask=hm[:, None])
+        # the slice read and written whole (contiguous), its pairs split in registers: two stride-2 accesses
+        # per half would each move half-used sectors, and their partial stores interleave
+        ptr = row + tl.arange(0, ROPE)[None, :]
+        x0, x1 = tl.split(tl.reshape(tl.load(ptr, mask=hm[:, None]).to(tl.float32), (BH, HALF, 2)))
+        y0 = x0 * c[None, :] - x1 * s[None, :]
+        y1 = x0 * s[None, :] + x1 * c[None, :]
+        y = tl.reshape(tl.join(y0, y1), (BH, ROPE))
+        tl.store(ptr, y.to(x_ptr.dtype.element_ty), mask=hm[:, None])
