@@ -181,9 +181,14 @@ def fused_launches():
     ipt = torch.arange(width // page, dtype=torch.int32).view(1, -1)
     qI, wI = torch.randn(T, 64, 128).to(torch.bfloat16), torch.randn(T, 64)
     ireq, ipos = torch.zeros(T, dtype=torch.int32), torch.arange(width - T, width, dtype=torch.int32)
-    # serving's two launches, the one-row extend variant, the rows kernel at 2 rows and 8 warps
-    configs = (IX.LOGITS_EXTEND, IX.LOGITS_DECODE, (128, 4, True, False), (64, 4, True, True, 2))
-    for cfg in (*configs, (64, 8, True, True, 4)):
+    # serving's two launches, the one-row extend variant, the rows kernel at 2 rows and at 8 warps
+    for cfg in (
+        IX.LOGITS_EXTEND,
+        IX.LOGITS_DECODE,
+        (128, 4, True, False),
+        (64, 4, True, True, 2),
+        (64, 8, True, True, 4),
+    ):
         bn, wp, ext, km, *nr = cfg
         name = f"indexer_logits_{'extend' if ext else 'decode'}_{bn}x{wp}w{'_km' if km else ''}"
         out[name + (f"_rows{nr[0]}" if nr else "")] = capture_launch(

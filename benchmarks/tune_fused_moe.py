@@ -1092,16 +1092,15 @@ def install(args) -> int:
             continue
         folder.mkdir(parents=True, exist_ok=True)
         path = folder / sh["file"]
+        previous = path.read_text() if path.exists() else None
         merged = dict(sh["configs"])
         kept = []
-        if path.exists() and not args.replace:
+        if previous is not None and not args.replace:
             # a bundle of a few batch sizes keeps the file's rows for the others
-            old = json.loads(path.read_text())
+            old = json.loads(previous)
             kept = sorted((m for m in old if m not in merged), key=int)
             merged = {**old, **merged}
-        text = config_text(merged)
-        previous = path.read_text() if path.exists() else None
-        path.write_text(text)
+        path.write_text(config_text(merged))
         problems = configs.check_file(path)
         if problems and previous is not None:
             path.write_text(previous)  # nothing half-written: an invalid bundle leaves the file as it was

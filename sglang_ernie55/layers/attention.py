@@ -106,7 +106,7 @@ def norm_rope_fp32(
 
         return rms_norm(x, weight, eps, out_dtype, rope=(rp.cos, rp.sin))
     y = rope.tail_(rms_norm_fp32(x, weight, eps, None, norm), rp)
-    return y if out_dtype in (None, y.dtype) else y.to(out_dtype)
+    return y if out_dtype is None else y.to(out_dtype)
 
 
 class Compressor(nn.Module):
@@ -297,9 +297,8 @@ class Ernie55MLADSAAttention(nn.Module):
         q_a, kv_a, ik_x, iw_x = self.x_proj(x)
         q_lat = norm_fp32(self.q_a_layernorm, q_a, x.dtype)
         q = self.q_b_proj(q_lat)[0].view(T, self.h, self.dn + self.dr).float()
-        kv_a = (
-            kv_a.float()
-        )  # the tail is rotated in place: fp32 (a new tensor), or a view of x_proj's fresh output
+        # the tail is rotated in place: fp32 (a new tensor), or a view of x_proj's fresh output
+        kv_a = kv_a.float()
         latent = norm_fp32(self.kv_a_layernorm, kv_a[:, : self.r])
         q_pe = rope.rotated_tail(q, rp)  # kernels: rotated inside q (q_nope untouched)
         k_pe = rope.rotated_tail(kv_a, rp)  # after the latent's norm read kv_a[:, :r]

@@ -39,19 +39,17 @@ def rope_inplace_kernel(
     row = x_ptr + t * x_stride_t + h[:, None] * x_stride_h + START
     if NEOX:
         p0 = row + i[None, :]
-        p1 = p0 + HALF
         x0 = tl.load(p0, mask=hm[:, None]).to(tl.float32)
-        x1 = tl.load(p1, mask=hm[:, None]).to(tl.float32)
-        y0 = x0 * c[None, :] - x1 * s[None, :]
-        y1 = x0 * s[None, :] + x1 * c[None, :]
-        tl.store(p0, y0.to(x_ptr.dtype.element_ty), mask=hm[:, None])
-        tl.store(p1, y1.to(x_ptr.dtype.element_ty), mask=hm[:, None])
+        x1 = tl.load(p0 + HALF, mask=hm[:, None]).to(tl.float32)
     else:
         # the slice read and written whole (contiguous), its pairs split in registers: two stride-2 accesses
         # per half would each move half-used sectors, and their partial stores interleave
-        ptr = row + tl.arange(0, ROPE)[None, :]
-        x0, x1 = tl.split(tl.reshape(tl.load(ptr, mask=hm[:, None]).to(tl.float32), (BH, HALF, 2)))
-        y0 = x0 * c[None, :] - x1 * s[None, :]
-        y1 = x0 * s[None, :] + x1 * c[None, :]
-        y = tl.reshape(tl.join(y0, y1), (BH, ROPE))
-        tl.store(ptr, y.to(x_ptr.dtype.element_ty), mask=hm[:, None])
+        p0 = row + tl.arange(0, ROPE)[None, :]
+        x0, x1 = tl.split(tl.reshape(tl.load(p0, mask=hm[:, None]).to(tl.float32), (BH, HALF, 2)))
+    y0 = (x0 * c[None, :] - x1 * s[None, :]).to(x_ptr.dtype.element_ty)
+    y1 = (x0 * s[None, :] + x1 * c[None, :]).to(x_ptr.dtype.element_ty)
+    if NEOX:
+        tl.store(p0, y0, mask=hm[:, None])
+        tl.store(p0 + HALF, y1, mask=hm[:, None])
+    else:
+        tl.store(p0, tl.reshape(tl.join(y0, y1), (BH, ROPE)), mask=hm[:, None])
