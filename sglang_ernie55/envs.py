@@ -49,7 +49,8 @@ def mla_sparse_prefill() -> bool:
     return _default_on("SGLANG_ERNIE55_MLA_SPARSE_PREFILL")
 
 
-# rows 8: the kernel's logits were wrong on the H100 at (64, 8, keys major, 8), so serving does not take it
+# rows 8: wrong logits on the H100 at 64 keys per step (`indexer.ROWS_HEADS_MAX`); 32 keys x 8 rows is
+# right but untimed, so serving takes 1 / 2 / 4
 INDEXER_EXTEND_KEYS, INDEXER_EXTEND_WARPS, INDEXER_EXTEND_ROWS = (32, 64, 128, 256), (4, 8), (1, 2, 4)
 
 

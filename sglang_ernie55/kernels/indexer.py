@@ -77,6 +77,12 @@ def indexer_logits(
         rows == 1 or (extend and rows > 1 and rows & (rows - 1) == 0),
         f"indexer_logits config {config}: rows 1, or a power of two with the extend variant",
     )
+    bni = max(16, triton.next_power_of_2(NI))
+    check(
+        rows * bni <= ROWS_HEADS_MAX or block_n <= 32,
+        f"indexer_logits config {config} at {NI} heads: rows x heads {rows * bni} > {ROWS_HEADS_MAX} needs "
+        f"keys per step <= 32 (the sm_90 build gave wrong logits at 64 keys x 512 rows x heads)",
+    )
     keys_per_prog = triton.cdiv(min(keys_per_prog, max_len), block_n) * block_n
     grid = (triton.cdiv(T, rows), triton.cdiv(max_len, keys_per_prog))
     args = (qI, qI.stride(0), qI.stride(1), w, w.stride(0), page_table, page_table.stride(0), q_req, q_pos)
@@ -88,7 +94,7 @@ def indexer_logits(
         DI_P=a.main_p,
         NOPE=a.nope,
         TILE=a.tile,
-        BNI=max(16, triton.next_power_of_2(NI)),
+        BNI=bni,
         BN=block_n,
         DT=dot_dtype(qI.dtype == torch.float32),
         KM=keys_major,
@@ -106,6 +112,9 @@ def indexer_logits(
 # request) and for extend rows (hundreds of one request's rows per indexer chunk), from bench_indexer.py and
 # bench_decode.py: extend rows four per program, keys major, read each key tile once for four rows (512 rows
 # x 32K keys on the H100: 921 us against 1606 for one row per program at 128 keys; docs/benchmarks.md 6.4)
+# the rows kernel's dot holds rows x heads (padded) on one side: on the H100 its logits were wrong at 512 of
+# them with 64 keys per step (4 and 8 warps), right at 512 with 32 keys and at 256 with 64 or 128 keys
+ROWS_HEADS_MAX = 256
 LOGITS_DECODE = (64, 4, False, False)
 LOGITS_EXTEND = (64, 4, True, True, 4)
 

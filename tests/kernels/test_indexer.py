@@ -123,12 +123,36 @@ def test_indexer_fp32_queries_ieee(on_gpu):
         (128, 4, True, True),
         (64, 4, False, True),
         (64, 8, True, True, 4),
-        (64, 8, True, True, 8),
+        (32, 8, True, True, 8),
     ],
     ids=str,
 )
 def test_indexer_full(kv, config):
     _case(kv, [1, 97, 2048, 2049, 9000], [1, 3, 2, 5, 9], nI=64, topk=2048, config=config)
+
+
+@pytest.mark.parametrize(
+    "config", [(64, 4, True, True, 8), (128, 8, True, False, 8), (64, 8, True, True, 16)]
+)
+def test_rows_configs_past_the_measured_dot_are_refused(config):
+    """More than ROWS_HEADS_MAX query rows x heads at over 32 keys per step (wrong logits on the H100 at 64
+    keys x 8 rows x 64 heads) is refused before any launch, naming the config; 32 keys passes the check."""
+    g = L.idx_geometry("fp8")
+    reqs = PagedRequests([40])
+    pool, _ = filled_pool(g, reqs.num_pages, L.IDX_HEAD_DIM)
+    T, pt = 8, reqs.page_table.to(DEV)
+    q_req = torch.zeros(T, dtype=torch.int32, device=DEV)
+    q_pos = torch.arange(32, 40, dtype=torch.int32, device=DEV)
+    qI = torch.zeros(T, 64, L.IDX_HEAD_DIM, device=DEV, dtype=torch.bfloat16)
+    w = torch.zeros(T, 64, device=DEV)
+    out = torch.full((T, 40), 7.0, device=DEV)
+    with pytest.raises(
+        ValueError, match=rf"config \({config[0]}, .* 64 heads: rows x heads {config[4] * 64} > 256"
+    ):
+        indexer_logits(qI, w, pool, g, pt, q_req, q_pos, 40, out=out, config=config)
+    assert bool((out == 7.0).all())  # nothing written
+    indexer_logits(qI, w, pool, g, pt, q_req, q_pos, 40, out=out, config=(32, *config[1:]))
+    assert bool((out[:, :32] == 0).all()) and bool((out[:, 32:] <= 0).all())  # zero queries: 0 or -inf
 
 
 def test_topk_ties_go_to_earlier_positions():

@@ -693,7 +693,8 @@ def run_query_dtype(kv: str = "bfloat16", device: str = "cpu") -> dict:
         for impl in s.backend._distinct:
             for method in ("extend", "rows"):
                 setattr(impl, method, recording(getattr(impl, method), impl.query_dtype))
-        outs[name], queries[name], dtypes[name] = _prefill_chunk_decode(s, ids), seen, sorted(kinds)
+        outs[name], queries[name] = _prefill_chunk_decode(s, ids), seen
+        dtypes[name] = [list(k) for k in sorted(kinds)]  # lists, as the report reads back from JSON
     a, b = queries["layer"], queries["backend"]
     return {
         "kv": kv,
