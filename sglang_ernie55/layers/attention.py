@@ -109,6 +109,13 @@ def norm_rope_fp32(
     return y if out_dtype is None else y.to(out_dtype)
 
 
+def _rope_query(q: torch.Tensor, q_dtype: torch.dtype | None, rp) -> torch.Tensor:
+    """A projection's fresh query rows for in-place RoPE: as they are where the attention rounds queries to
+    their dtype and the kernel rotates them (it computes in fp32 and rounds once, so the rotated slice has the
+    bits of an fp32 rotation cast after, and the rest is untouched: exact), else an fp32 copy."""
+    return q if q.dtype == q_dtype and rp.cos is not None and q.stride(-1) == 1 else q.float()
+
+
 class Compressor(nn.Module):
     """HCA block compressor: `ape` [ratio, D], `norm`; its `wkv_gate` (H -> [values D | scores D]) is served in
     the layer's `x_proj` (the checkpoint name `compressor.wkv_gate` stays)."""
@@ -296,7 +303,8 @@ class Ernie55MLADSAAttention(nn.Module):
         rp = rope.at(positions)
         q_a, kv_a, ik_x, iw_x = self.x_proj(x)
         q_lat = norm_fp32(self.q_a_layernorm, q_a, x.dtype)
-        q = self.q_b_proj(q_lat)[0].view(T, self.h, self.dn + self.dr).float()
+        qd = query_dtype(LAYER_MLA_DSA)  # as the HCA layer's queries
+        q = _rope_query(self.q_b_proj(q_lat)[0].view(T, self.h, self.dn + self.dr), qd, rp)
         # the tail is rotated in place: fp32 (a new tensor), or a view of x_proj's fresh output
         kv_a = kv_a.float()
         latent = norm_fp32(self.kv_a_layernorm, kv_a[:, : self.r])
@@ -304,11 +312,9 @@ class Ernie55MLADSAAttention(nn.Module):
         k_pe = rope.rotated_tail(kv_a, rp)  # after the latent's norm read kv_a[:, :r]
         # absorbed W_uk / W_uv in the weight's dtype, fp32 accumulation (no per-step fp32 copy of kv_b_proj)
         w = self.kv_b_proj.weight.view(self.h, self.dn + self.dv, self.r)
-        q_abs = torch.einsum("thd,hdr->thr", q[..., : self.dn].to(w.dtype), w[:, : self.dn])
-        iq, iw, ik = self.indexer(ik_x, iw_x, q_lat, rp, rope)
-        qd = query_dtype(LAYER_MLA_DSA)  # as the HCA layer's queries
+        iq, iw, ik = self.indexer(ik_x, iw_x, q_lat, rp, rope, qd)
         o_lat = self.attn(
-            torch.cat([q_abs, q_pe], -1) if qd is None else torch.cat([q_abs.to(qd), q_pe.to(qd)], -1),
+            self._absorbed_query(q, q_pe, w, qd),
             torch.cat([latent, k_pe], -1),
             latent,
             forward_batch,
@@ -316,6 +322,19 @@ class Ernie55MLADSAAttention(nn.Module):
         )
         o = torch.einsum("thr,hdr->thd", o_lat.view(T, self.h, self.r).to(w.dtype), w[:, self.dn :])
         return self.o_proj(o.reshape(T, self.h * self.dv).to(x.dtype))[0]
+
+    def _absorbed_query(self, q, q_pe, w, qd: torch.dtype | None) -> torch.Tensor:
+        """[q_nope W_uk | q_pe] [T, h, r + dr]: fp32 (qd None), else in qd. Where q and the weight are in qd
+        already, the batched GEMM writes its rows into the query's buffer (one [T, h, r + dr] write, where a
+        concatenation would read and write it again); else einsum and a concatenation."""
+        q_nope, w_uk = q[..., : self.dn], w[:, : self.dn]
+        if qd is None or q.dtype != qd or w.dtype != qd:
+            q_abs = torch.einsum("thd,hdr->thr", q_nope.to(w.dtype), w_uk)
+            return torch.cat([q_abs, q_pe], -1) if qd is None else torch.cat([q_abs.to(qd), q_pe.to(qd)], -1)
+        out = q.new_empty(q.shape[0], self.h, self.r + self.dr)
+        torch.bmm(q_nope.transpose(0, 1), w_uk, out=out[..., : self.r].transpose(0, 1))
+        out[..., self.r :] = q_pe
+        return out
 
 
 class Indexer(nn.Module):
@@ -335,13 +354,21 @@ class Indexer(nn.Module):
         # fp32 parameters (loaded exactly from BF16 / FP32 checkpoints): the fp32 LayerNorm needs no per-step cast
         self.k_norm = nn.LayerNorm(self.d, eps=config.rms_norm_eps, dtype=torch.float32)
 
-    def forward(self, k_x: torch.Tensor, w_x: torch.Tensor, q_lat: torch.Tensor, positions, rope: RopeTable):
+    def forward(
+        self,
+        k_x: torch.Tensor,
+        w_x: torch.Tensor,
+        q_lat: torch.Tensor,
+        positions,
+        rope: RopeTable,
+        q_dtype: torch.dtype | None = None,
+    ):
         """k_x [T, d], w_x [T, n]: the wk and weights_proj outputs. -> qI [T, n, d], w [T, n] (scaled by
-        n^-0.5 d^-0.5), kI [T, d]; fp32, RoPE (rotate-half) on the first dims. positions: [T] or the forward's
-        `RopePositions`."""
+        n^-0.5 d^-0.5), kI [T, d]; fp32 (qI: in `q_dtype` where `_rope_query` keeps it), RoPE (rotate-half) on
+        the first dims. positions: [T] or the forward's `RopePositions`."""
         T = q_lat.shape[0]
         rp = rope.at(positions)
-        q = rope.head_half_(self.wq_b(q_lat)[0].view(T, self.n, self.d).float(), rp)
+        q = rope.head_half_(_rope_query(self.wq_b(q_lat)[0].view(T, self.n, self.d), q_dtype, rp), rp)
         k = F.layer_norm(
             k_x.float(),
             (self.d,),

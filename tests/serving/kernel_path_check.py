@@ -660,17 +660,22 @@ def run_model(kv: str = "bfloat16", device: str = "cpu") -> dict:
 
 
 def run_query_dtype(kv: str = "bfloat16", device: str = "cpu") -> dict:
-    """The tiny model in bf16 on the kernel path, twice: the layers emit their attention queries in the
-    backend's query dtype (`ernie_query_dtype`: bf16, rounded once in the norm / concat that makes them), then
-    in fp32 for the backend to cast (`ernie_query_dtype` None). Reports the dtypes the backend received,
-    whether the two runs' queries are equal bit for bit after the backend's cast, and whether their logits
-    are."""
+    """The tiny model in bf16 on the kernel path, twice: the layers emit their attention and indexer queries
+    in the backend's query dtype (`ernie_query_dtype`: bf16, rounded once in the norm / RoPE / concat that
+    makes them), then in fp32 for the backend to cast (`ernie_query_dtype` None). Reports the dtypes the
+    backend received, whether the two runs' queries are equal bit for bit after the backend's casts, and
+    whether their logits are."""
     if os.environ.get("TRITON_INTERPRET") == "1":
         # bit-for-bit bf16 stores need the GPU's rounding (the interpreter truncates): tests/shim_lib
         from tests.shim_lib.triton_bf16 import install as _gpu_bf16_rounding
 
         why = _gpu_bf16_rounding()
         assert why is None, why
+        # the layers' RoPE and norms on the kernels too (the CPU default is their torch math), where the
+        # layers keep the projections' bf16 rows for an in-place rotation
+        os.environ["SGLANG_ERNIE55_LAYER_IMPL"] = "triton"
+    from sglang_ernie55.attention.interface import MLAInputs
+
     cfg, model = _tiny_model(torch.bfloat16, device)
     dtype = torch.float8_e4m3fn if kv == "fp8_e4m3" else torch.bfloat16
     g = torch.Generator().manual_seed(7)
@@ -683,10 +688,14 @@ def run_query_dtype(kv: str = "bfloat16", device: str = "cpu") -> dict:
         seen, kinds = [], set()
 
         def recording(f, cast, seen=seen, kinds=kinds):
-            def wrap(kind, q, *a, **kw):
+            def wrap(kind, q, kv, inputs, *a, **kw):
+                # what the backend's own casts make of them: the attention and the indexer queries
                 kinds.add((kind, str(q.dtype)))
-                seen.append(q.to(cast).clone())  # what the backend's own cast makes of it
-                return f(kind, q, *a, **kw)
+                seen.append(q.to(cast).clone())
+                if isinstance(inputs, MLAInputs):
+                    kinds.add(("indexer", str(inputs.index_q.dtype)))
+                    seen.append(inputs.index_q.to(cast).clone())
+                return f(kind, q, kv, inputs, *a, **kw)
 
             return wrap
 

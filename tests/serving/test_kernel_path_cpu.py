@@ -145,13 +145,14 @@ def test_static_buffer_decode_steps_equal_eager():
 
 @pytest.mark.slow
 def test_layers_emit_queries_in_the_backends_dtype():
-    """The tiny model in bf16 on the kernel path: the HCA and MLA-DSA layers hand the backend bf16 queries
-    (rounded once where they are made: the HCA norm + RoPE launch, the MLA concat), the same bits as fp32
-    queries cast by the backend, so the logits are the same bits too (the interpreter with the GPU's bf16
-    rounding, tests/shim_lib/triton_bf16.py)."""
+    """The tiny model in bf16 on the kernel path: the HCA and MLA-DSA layers hand the backend bf16 attention
+    and indexer queries (rounded once where they are made: the HCA norm + RoPE launch, the MLA and indexer
+    RoPE launches on the projections' bf16 rows), the same bits as fp32 queries cast by the backend, so the
+    logits are the same bits too (the interpreter with the GPU's bf16 rounding, tests/shim_lib/triton_bf16.py)."""
     rep = _run("query_dtype", "bfloat16", "cpu")
-    assert rep["dtypes"]["layer"] == [["hca", "torch.bfloat16"], ["mla_dsa", "torch.bfloat16"]], rep
-    assert rep["dtypes"]["backend"] == [["hca", "torch.float32"], ["mla_dsa", "torch.float32"]], rep
+    kinds = ["hca", "indexer", "mla_dsa"]
+    assert rep["dtypes"]["layer"] == [[k, "torch.bfloat16"] for k in kinds], rep
+    assert rep["dtypes"]["backend"] == [[k, "torch.float32"] for k in kinds], rep
     assert rep["calls"] >= 20 and rep["queries_equal"] == rep["calls"], rep
     assert rep["logits_equal"], rep
 

@@ -92,10 +92,13 @@ def test_tiny_model_kernel_path_tracks_rounded_twin():
 
 @pytest.mark.parametrize("kv", ["fp8_e4m3", "bfloat16"])
 def test_layers_emit_queries_in_the_backends_dtype_gpu(kv):
-    """The tiny bf16 model on the GPU's kernels: bf16 queries from the layers (the norm + RoPE launch's own
-    rounding, the MLA concat) are the bits of fp32 queries cast by the backend, and the logits are too."""
+    """The tiny bf16 model on the GPU's kernels: bf16 attention and indexer queries from the layers (the norm
+    + RoPE launch's own rounding, the RoPE launches on bf16 rows, the MLA concat) are the bits of fp32 queries
+    cast by the backend, and the logits are too."""
     rep = kpc.run_query_dtype(kv, "cuda")
     print(json.dumps(rep))
-    assert rep["dtypes"]["layer"] == [["hca", "torch.bfloat16"], ["mla_dsa", "torch.bfloat16"]], rep
+    kinds = ["hca", "indexer", "mla_dsa"]
+    assert rep["dtypes"]["layer"] == [[k, "torch.bfloat16"] for k in kinds], rep
+    assert rep["dtypes"]["backend"] == [[k, "torch.float32"] for k in kinds], rep
     assert rep["calls"] >= 20 and rep["queries_equal"] == rep["calls"], rep
     assert rep["logits_equal"], rep
