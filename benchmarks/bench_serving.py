@@ -486,6 +486,8 @@ def profile_prefill(url: str, ckpt: Path, tokens: int, out: Path, device: str) -
         trace=str(traces[-1].relative_to(out)),
         **{k: summary[k] for k in ("span_ms", "busy_ms", "gaps_ms", "components", "items_per_component")},
         top_kernels=summary["top_kernels"],
+        idle_by_range=summary.get("idle_by_range", {}),
+        idle_largest=summary.get("idle_largest", []),
     )
 
 
@@ -512,6 +514,28 @@ def profile_table(p: dict, floor_ms: float | None) -> str:
         lines.append(
             f"| {label} | {p['items_per_component'][key]:.0f} | {ms:.2f} | {100 * ms / busy:.1f} | {top} |"
         )
+    idle = p.get("idle_by_range") or {}
+    if idle:
+        from benchmarks.bench_step import IDLE_MIN_US
+
+        lines += [
+            "",
+            f"Device idle inside the span, stretches of at least {IDLE_MIN_US:.0f} us, by the range of the "
+            "kernel that ended each (host late: launched after the device went idle)",
+            "",
+            "| range | stretches | host late ms | launched before ms |",
+            "| --- | ---: | ---: | ---: |",
+        ]
+        for rng, v in list(idle.items())[:8]:
+            lines.append(
+                f"| {rng} | {v['stretches']:.0f} | {v['host_late_ms']:.2f} | {v['launched_before_ms']:.2f} |"
+            )
+        big = ", ".join(
+            f"{g['ms']:.2f} ms before {g['next'][:40]} ({g['range']}"
+            + (", host late)" if g["host_late"] else ")")
+            for g in p.get("idle_largest", [])[:4]
+        )
+        lines += ["", f"Largest: {big}"]
     return "\n".join(lines)
 
 

@@ -232,6 +232,23 @@ def _union(intervals: list[tuple[float, float]]) -> float:
     return total
 
 
+IDLE_MIN_US = 20.0  # a gap shorter than this is a launch's own latency, not a stall
+
+
+def idle_gaps(items: list[Work], min_us: float = IDLE_MIN_US) -> list[tuple[float, str, str, bool]]:
+    """The device's idle stretches inside one step's span (items sorted by start): (us, the innermost range of
+    the item that ended the stretch, its name, whether the host launched it only after the device had gone
+    idle: the host was late, from Python, a sync or the scheduler, rather than the item waiting on the
+    device). Stretches of at least `min_us`; with the shorter ones they add up to span - busy."""
+    out, end = [], None
+    for w in items:
+        if end is not None and w.start - end >= min_us:
+            rng = (w.range or "(none)").removeprefix(PREFIX)
+            out.append((w.start - end, rng, w.name, w.launch > end))
+        end = w.start + w.dur if end is None else max(end, w.start + w.dur)
+    return out
+
+
 def summarize(step_items: list[list[Work]], steps: list[dict], device: bool) -> dict:
     """Per-step means (ms): span, busy, each component's work time, gaps, and the detail per innermost range and
     per kernel name. Span: first start to last end of the step's items (device), the step range (host)."""
@@ -242,12 +259,20 @@ def summarize(step_items: list[list[Work]], steps: list[dict], device: bool) -> 
     kernels: dict[str, dict[str, float]] = {}
     span = busy = 0.0
     count = 0
+    idle: dict[str, list[float]] = {}  # range -> [us host late, us launched before, stretches]
+    largest: list[tuple[float, str, str, bool]] = []
     for items, rng in zip(step_items, steps):
         if device:
             if not items:
                 continue
             s = min(w.start for w in items)
             span += max(w.start + w.dur for w in items) - s
+            gaps = idle_gaps(sorted(items, key=lambda w: w.start))
+            for us, where, _, late in gaps:
+                row = idle.setdefault(where, [0.0, 0.0, 0])
+                row[0 if late else 1] += us
+                row[2] += 1
+            largest = sorted(largest + gaps, key=lambda g: -g[0])[:8]
         else:
             span += rng["dur"]
         busy += _union([(w.start, w.start + w.dur) for w in items])
@@ -276,6 +301,11 @@ def summarize(step_items: list[list[Work]], steps: list[dict], device: bool) -> 
         gaps_ms=ms(max(0.0, span - busy)),
         detail={k: ms(v) for k, v in sorted(detail.items(), key=lambda kv: -kv[1])},
         top_kernels=top,
+        idle_by_range={
+            k: dict(host_late_ms=ms(v[0]), launched_before_ms=ms(v[1]), stretches=v[2] / n)
+            for k, v in sorted(idle.items(), key=lambda kv: -(kv[1][0] + kv[1][1]))
+        },
+        idle_largest=[dict(ms=g[0] / 1e3, range=g[1], next=g[2], host_late=g[3]) for g in largest],
     )
 
 

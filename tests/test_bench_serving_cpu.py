@@ -106,6 +106,33 @@ def test_table_has_a_row_per_run():
     assert "| - | - | 40.0 | 3.0 |" in bsv.table([long])
 
 
+def test_profile_table_lists_idle_by_range():
+    """The prefill profile's table: a row per component with time, then the device's idle stretches by range
+    (host late / launched before), the largest named; without idle rows (a host trace) only the components."""
+    from benchmarks.bench_step import COMPONENT_KEYS
+
+    comps = dict.fromkeys(COMPONENT_KEYS, 0.0) | {"hca": 2.0, "mhc": 1.0}
+    p = dict(
+        tokens=64,
+        e2e_ms=5.0,
+        device=True,
+        trace="t.json.gz",
+        span_ms=4.0,
+        busy_ms=3.0,
+        gaps_ms=1.0,
+        components=comps,
+        items_per_component=dict.fromkeys(COMPONENT_KEYS, 1),
+        top_kernels={"hca": [["k_hca", 2.0]], "mhc": [["k_mhc", 1.0]]},
+        idle_by_range={"mhc": dict(host_late_ms=0.6, launched_before_ms=0.1, stretches=3)},
+        idle_largest=[dict(ms=0.4, range="mhc", next="k_mhc", host_late=True)],
+    )
+    text = bsv.profile_table(p, 2.0)
+    assert "| mhc | 3 | 0.60 | 0.10 |" in text and "0.40 ms before k_mhc (mhc, host late)" in text
+    assert "k_hca 2.00" in text
+    p.update(idle_by_range={}, idle_largest=[])
+    assert "Device idle" not in bsv.profile_table(p, None)
+
+
 def test_one_token_ttft_is_the_end_to_end_latency():
     """A one-token answer whose text is empty (a random token may decode to none) leaves SGLang's client TTFT
     at 0: the long-prompt row then reads the end-to-end latency, the client's figure kept beside it."""

@@ -90,6 +90,36 @@ def test_eager_kernels_take_their_innermost_range():
     assert [w.name for w in items][:3] == ["embed_k", "gemm_a", "meta_k"]
 
 
+def test_idle_stretches_go_to_the_range_that_ended_them():
+    """Device idle inside the span: a stretch the host caused (the next kernel launched after the device went
+    idle) and one where the kernel was launched early but started late, each under the range of the kernel
+    that ended it; stretches under IDLE_MIN_US are left out of the rows but counted in gaps_ms."""
+    t = Trace()
+    t.range(bs.STEP_RANGE, 0, 1000)
+    t.range("ernie55.hca", 1, 400)
+    t.launch(2, [("a_k", 10, 50)])  # busy 10..60
+    t.launch(3, [("b_k", 65, 20)])  # 5 us gap: a launch's latency, not a stretch
+    t.range("ernie55.mhc", 100, 200)
+    t.launch(200, [("c_k", 205, 10)])  # idle 85..205: launched at 200, after the device went idle
+    t.launch(210, [("d_k", 300, 10)])  # idle 215..300: launched at 210, before
+    t.range("ernie55.moe.experts", 400, 100)
+    t.launch(450, [("e_k", 460, 40)])  # idle 310..460, host late
+    summary, _ = bs.breakdown(t.json())
+    idle = summary["idle_by_range"]
+    assert list(idle) == ["mhc", "moe.experts"]  # largest total first
+    assert idle["mhc"] == pytest.approx({"host_late_ms": 0.12, "launched_before_ms": 0.085, "stretches": 2})
+    assert idle["moe.experts"] == pytest.approx(
+        {"host_late_ms": 0.15, "launched_before_ms": 0.0, "stretches": 1}
+    )
+    assert [(g["next"], g["host_late"]) for g in summary["idle_largest"]] == [
+        ("e_k", True),
+        ("c_k", True),
+        ("d_k", False),
+    ]
+    stretches = sum(v["host_late_ms"] + v["launched_before_ms"] for v in idle.values())
+    assert summary["gaps_ms"] == pytest.approx(stretches + 0.005)
+
+
 def test_eager_kernel_without_its_launch_takes_its_host_op():
     t = Trace()
     t.range(bs.STEP_RANGE, 0, 100)
@@ -102,7 +132,9 @@ def test_eager_kernel_without_its_launch_takes_its_host_op():
     )
     t.launch(50, [("copy_k", 51, 1)])
     summary, _ = bs.breakdown(t.json())
-    assert summary["components"]["lm_head"] == pytest.approx(0.002) and summary["components"]["other"] == 0.001
+    assert (
+        summary["components"]["lm_head"] == pytest.approx(0.002) and summary["components"]["other"] == 0.001
+    )
     assert summary["graph_items_per_step"] == 0
 
 
