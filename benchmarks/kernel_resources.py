@@ -232,6 +232,14 @@ def fused_launches():
         ("hc_head_norm", functools.partial(MH.hc_head, R, fn[:n], base[:n], scale[:1], norm=norm, **kw)),
     ):
         out[name] = capture_launch(MH.hc_pre_tail_kernel, call)
+    # the fused mix (SGLANG_ERNIE55_MHC_MIX=fused) and the tail that takes its sums of squares
+    out["hc_mix_fused"] = capture_launch(MH.hc_mix_kernel, functools.partial(MH.hc_mix_fused, R, fn))
+    m, ss, y = torch.randn(T, (2 + n) * n), torch.rand(T), torch.empty(T, H)
+    pre, post, C = torch.empty(T, n), torch.empty(T, n), torch.empty(T, n, n)
+    tail = functools.partial(MH._tail, m, base, scale, R, y, pre, post, C, iters=20, head=False, rms=True)
+    out["hc_pre_tail_ss"] = capture_launch(
+        MH.hc_pre_tail_kernel, functools.partial(tail, norm=None, ss=ss, **kw)
+    )
     return out
 
 

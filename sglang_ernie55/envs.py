@@ -118,6 +118,25 @@ def attn_impl() -> str:
     return v
 
 
+MHC_MIXES = ("cublas", "fused")
+
+
+def mhc_mix() -> str:
+    """`SGLANG_ERNIE55_MHC_MIX`: one of MHC_MIXES (default `cublas`), how an mHC site on the kernels makes its
+    raw mix and RMS factor for batches of `kernels.mhc.FUSED_MIX_MIN_ROWS` tokens and more: `cublas` (an fp32
+    GEMM, then the tail reads the streams twice), `fused` (one Triton pass makes both, the tail reads them
+    once)."""
+    return _mhc_mix(os.environ.get("SGLANG_ERNIE55_MHC_MIX", "cublas"))
+
+
+@functools.lru_cache(maxsize=8)
+def _mhc_mix(raw: str) -> str:
+    v = raw.strip().lower() or "cublas"
+    if v not in MHC_MIXES:
+        raise ValueError(f"SGLANG_ERNIE55_MHC_MIX={raw!r}: legal values are {', '.join(MHC_MIXES)}")
+    return v
+
+
 LAYER_IMPLS = ("auto", "torch", "triton")
 
 

@@ -12,9 +12,15 @@ import dataclasses
 import torch
 import triton
 
+from .. import envs
 from ._pool import check
-from ._triton.mhc import hc_post_kernel, hc_pre_tail_kernel
+from ._triton.mhc import hc_mix_kernel, hc_post_kernel, hc_pre_tail_kernel
 from .norm import MAX_WIDTH
+
+# the fused mix (`SGLANG_ERNIE55_MHC_MIX=fused`) for batches of this many tokens and more: its programs take
+# MIX_CONFIG's rows each, so a decode batch would leave most SMs idle where cuBLAS splits K
+FUSED_MIX_MIN_ROWS = 256
+MIX_CONFIG = (32, 64, 4, 3)  # rows per program, K per step, warps, stages
 
 
 def _check_R(R: torch.Tensor, name: str = "R") -> tuple[int, int, int]:
@@ -44,6 +50,51 @@ def _raw_mix(R: torch.Tensor, fn: torch.Tensor) -> torch.Tensor:
     return R.reshape(T, n * H).float() @ fn.t()
 
 
+def hc_mix_fused(
+    R: torch.Tensor, fn: torch.Tensor, config: tuple[int, int, int, int] | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x @ fn^T [T, rows] fp32, sum(x^2) per row [T] fp32) with x = R.flatten(-1), in one pass over R;
+    config: (rows per program, K per step, warps, stages), default MIX_CONFIG."""
+    T, n, H = _check_R(R)
+    K = n * H
+    check(fn.dim() == 2 and fn.shape[1] == K and fn.dtype == torch.float32, f"fn: fp32 [rows, {K}]")
+    check(fn.stride(1) == 1, "fn: contiguous rows")
+    bm, bk, warps, stages = config or MIX_CONFIG
+    x = R.reshape(T, K)
+    check(x.stride(1) == 1, "R: the streams of a token contiguous ([T, n, H] with stride n * H per token)")
+    NR = fn.shape[0]
+    m = torch.empty(T, NR, dtype=torch.float32, device=R.device)
+    ss = torch.empty(T, dtype=torch.float32, device=R.device)
+    if T:
+        hc_mix_kernel[(triton.cdiv(T, bm),)](
+            x,
+            x.stride(0),
+            fn,
+            fn.stride(0),
+            m,
+            m.stride(0),
+            ss,
+            T,
+            K,
+            NR,
+            NRP=max(16, triton.next_power_of_2(NR)),
+            BM=bm,
+            BK=bk,
+            num_warps=warps,
+            num_stages=stages,
+        )
+    return m, ss
+
+
+def _mix(R: torch.Tensor, fn: torch.Tensor, mix: str | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The raw mix and, from the fused pass, each row's sum of squares (None: the tail computes it)."""
+    mix = envs.mhc_mix() if mix is None else mix
+    check(mix in envs.MHC_MIXES, f"mix: one of {envs.MHC_MIXES}, got {mix!r}")
+    if mix == "fused" and R.shape[0] >= FUSED_MIX_MIN_ROWS:
+        return hc_mix_fused(R, fn)
+    return _raw_mix(R, fn), None
+
+
 @dataclasses.dataclass(frozen=True)
 class SublayerNorm:
     """The RMSNorm that follows an mHC site (the sub-layer's input norm, or the final norm after hc_head), done
@@ -69,8 +120,9 @@ def _check_norm(norm: SublayerNorm | None, H: int) -> None:
     )
 
 
-def _tail(m, base, scale, R, out, pre, post, C, *, hc_eps, rms_eps, iters, head, rms, norm) -> None:
-    """One launch of `hc_pre_tail_kernel` over the T tokens of R (pre / post / C unused when `head`)."""
+def _tail(m, base, scale, R, out, pre, post, C, *, hc_eps, rms_eps, iters, head, rms, norm, ss=None) -> None:
+    """One launch of `hc_pre_tail_kernel` over the T tokens of R (pre / post / C unused when `head`); `ss`:
+    the rows' sums of squares from `hc_mix_fused` (the RMS factor without a pass over R)."""
     T, n, H = R.shape
     block = min(1024, triton.next_power_of_2(H))
     nblock = triton.next_power_of_2(H)
@@ -93,12 +145,14 @@ def _tail(m, base, scale, R, out, pre, post, C, *, hc_eps, rms_eps, iters, head,
         float(rms_eps),
         w,
         float(norm.eps) if norm is not None else 0.0,
+        ss if ss is not None else m,
         N=n,
         NP=triton.next_power_of_2(n),
         ITERS=iters,
         BLOCK=block,
         HEAD=head,
         RMS=rms,
+        SS=ss is not None,
         NORM=norm is not None,
         HAS_W=norm is not None and norm.weight is not None,
         NBLOCK=nblock,
@@ -117,6 +171,7 @@ def hc_pre(
     rms_eps: float,
     backend: str = "auto",
     norm: SublayerNorm | None = None,
+    mix: str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """With x = R.flatten(-1) (fp32; C[j, i]: stream j -> i):
 
@@ -128,7 +183,7 @@ def hc_pre(
     R [T, n, H] (fp32/bf16); fn fp32 [(2+n)n, nH]; base fp32 [(2+n)n]; scale fp32 [3].
     Returns y fp32 [T, H] (before the sublayer's RMSNorm), post fp32 [T, n], C fp32 [T, n, n]. With `norm`
     (backend "ours" only): the sub-layer's RMSNorm of y in the same launch, [T, H] in norm.out_dtype, in
-    place of y."""
+    place of y. `mix` (backend "ours"): `envs.MHC_MIXES`, None for `SGLANG_ERNIE55_MHC_MIX`."""
     T, n, H = _check_R(R)
     rows = (2 + n) * n
     check(fn.shape == (rows, n * H), f"fn: [{rows}, {n * H}], got {tuple(fn.shape)}")
@@ -144,7 +199,7 @@ def hc_pre(
         y = mhc_combine(R.reshape(T, n * H).contiguous(), pre[0].contiguous(), n, torch.float32)
         return y, post[0], C[0]
     check(fn.dtype == torch.float32, "fn: fp32")
-    m = _raw_mix(R, fn)
+    m, ss = _mix(R, fn, mix)
     y = torch.empty(T, H, dtype=torch.float32 if norm is None else norm.out_dtype, device=R.device)
     pre = torch.empty(T, n, dtype=torch.float32, device=R.device)
     post = torch.empty(T, n, dtype=torch.float32, device=R.device)
@@ -165,6 +220,7 @@ def hc_pre(
             head=False,
             rms=True,
             norm=norm,
+            ss=ss,
         )
     return y, post, C
 
@@ -216,9 +272,10 @@ def hc_head(
     rms_eps: float,
     backend: str = "auto",
     norm: SublayerNorm | None = None,
+    mix: str | None = None,
 ) -> torch.Tensor:
     """R [T, n, H]; fn fp32 [n, nH]; base fp32 [n]; scale fp32 [1]. Returns y fp32 [T, H], or with `norm` the
-    final RMSNorm of y in the same launch ([T, H] in norm.out_dtype; as `hc_pre`)."""
+    final RMSNorm of y in the same launch ([T, H] in norm.out_dtype; as `hc_pre`, `mix` too)."""
     T, n, H = _check_R(R)
     _check_norm(norm, H)
     check(
@@ -230,7 +287,7 @@ def hc_head(
         "hc_head params: fp32",
     )
     fused = backend != "sglang"
-    m = _raw_mix(R, fn) if fused else hc_mix(R, fn, rms_eps, "sglang")
+    m, ss = _mix(R, fn, mix) if fused else (hc_mix(R, fn, rms_eps, "sglang"), None)
     y = torch.empty(T, H, dtype=torch.float32 if norm is None else norm.out_dtype, device=R.device)
     if T:
         _tail(
@@ -248,5 +305,6 @@ def hc_head(
             head=True,
             rms=fused,
             norm=norm,
+            ss=ss,
         )
     return y

@@ -160,3 +160,100 @@ def test_mhc_fused_sublayer_norm_refuses_bad_arguments():
 @pytest.mark.parametrize("T", [1, 64, 1000])
 def test_mhc_fused_sublayer_norm_full(T):
     _check_norm(T, 4, 4096, torch.bfloat16, True)
+
+
+def _mix_ref(R, fn):
+    x = R.reshape(R.shape[0], R.shape[1] * R.shape[2]).float().cpu()
+    return x @ fn.cpu().t(), x.pow(2).sum(-1)
+
+
+@pytest.mark.parametrize("T", [0, 1, 33, 300])
+@pytest.mark.parametrize("n, H", [(4, 64), (3, 96), (4, 1100)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_mix_equals_the_gemm(T, n, H, dtype):
+    """`hc_mix_fused`: the raw mix and each row's sum of squares in one pass over the streams, against the
+    fp32 GEMM and sum in torch: row counts no program's rows divide, widths no K step divides, bf16
+    streams."""
+    g = torch.Generator().manual_seed(T + n * H)
+    R = torch.randn(T, n, H, generator=g).to(DEV, dtype)
+    fn, _, _ = _params(n, H, (2 + n) * n)
+    m, ss = K.hc_mix_fused(R, fn)
+    rm, rss = _mix_ref(R, fn)
+    assert m.shape == (T, (2 + n) * n) and ss.shape == (T,) and m.dtype == ss.dtype == torch.float32
+    if T:
+        assert rel(m.cpu(), rm) < 1e-5 and rel(ss.cpu(), rss) < 1e-6
+
+
+def test_fused_mix_rows_do_not_depend_on_the_batch():
+    """A row's mix and sum of squares are the same bits in a batch of 300 and of its last 263 rows (another
+    grouping of rows into programs). The interpreter runs the tile's dot on numpy's BLAS, whose blocking moves
+    a row's mix by an ulp with its place in the tile: there the mix is held to fp32 rounding."""
+    torch.manual_seed(3)
+    n, H = 4, 96
+    R = torch.randn(300, n, H, device=DEV)
+    fn, _, _ = _params(n, H, (2 + n) * n)
+    m, ss = K.hc_mix_fused(R, fn)
+    m1, ss1 = K.hc_mix_fused(R[37:].clone(), fn)
+    assert torch.equal(ss[37:], ss1)
+    if DEV == "cpu":
+        torch.testing.assert_close(m[37:], m1, rtol=1e-6, atol=1e-6)
+    else:
+        assert torch.equal(m[37:], m1)
+
+
+@pytest.mark.parametrize("norm", [False, True])
+def test_fused_mix_sites_equal_the_reference(norm):
+    """hc_pre / hc_head with `mix="fused"` at FUSED_MIX_MIN_ROWS + 3 tokens (the tail takes the rows' sums of
+    squares instead of reading the streams for them) vs the reference, as the cuBLAS mix is held to, and vs
+    the cuBLAS mix's own results to fp32 rounding; below the threshold the call is the cuBLAS mix's, bit for
+    bit."""
+    torch.manual_seed(4)
+    n, H, T = 4, 64, K.FUSED_MIX_MIN_ROWS + 3
+    R = torch.randn(T, n, H, device=DEV)
+    fn, base, scale = _params(n, H, (2 + n) * n)
+    kw = dict(hc_eps=1e-6, iters=20, rms_eps=1e-6)
+    sub = K.SublayerNorm(None, 1e-6, torch.float32) if norm else None
+    y, post, C = K.hc_pre(R, fn, base, scale, norm=sub, mix="fused", **kw)
+    y0, post0, C0 = K.hc_pre(R, fn, base, scale, norm=sub, mix="cublas", **kw)
+    ry, rpost, rC = M.hc_pre(R.cpu(), fn.cpu(), base.cpu(), scale.cpu(), **kw)
+    if norm:
+        ry = Fn.rms_norm(ry, None, 1e-6)
+    tol = 1e-4 if DEV == "cpu" else 2e-3
+    assert rel(y.cpu(), ry) < tol and rel(post.cpu(), rpost) < tol and rel(C.cpu(), rC) < tol
+    for a, b in ((y, y0), (post, post0), (C, C0)):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    hfn, hbase, hscale = _params(n, H, n)
+    hk = dict(hc_eps=1e-6, rms_eps=1e-6, norm=sub)
+    yh = K.hc_head(R, hfn, hbase, hscale[:1], mix="fused", **hk)
+    torch.testing.assert_close(
+        yh, K.hc_head(R, hfn, hbase, hscale[:1], mix="cublas", **hk), rtol=1e-5, atol=1e-6
+    )
+    small = R[: K.FUSED_MIX_MIN_ROWS - 1]
+    a = K.hc_pre(small, fn, base, scale, norm=sub, mix="fused", **kw)
+    b = K.hc_pre(small, fn, base, scale, norm=sub, mix="cublas", **kw)
+    assert all(torch.equal(x, z) for x, z in zip(a, b))
+
+
+def test_mix_knob_is_checked(monkeypatch):
+    """SGLANG_ERNIE55_MHC_MIX takes cublas / fused; another value is refused, naming them, before a launch."""
+    n, H = 4, 64
+    R = torch.randn(2, n, H, device=DEV)
+    fn, base, scale = _params(n, H, (2 + n) * n)
+    monkeypatch.setenv("SGLANG_ERNIE55_MHC_MIX", "cutlass")
+    with pytest.raises(ValueError, match="SGLANG_ERNIE55_MHC_MIX='cutlass': legal values are cublas, fused"):
+        K.hc_pre(R, fn, base, scale, hc_eps=1e-6, iters=20, rms_eps=1e-6)
+    monkeypatch.setenv("SGLANG_ERNIE55_MHC_MIX", "Fused")
+    y, _, _ = K.hc_pre(R, fn, base, scale, hc_eps=1e-6, iters=20, rms_eps=1e-6)
+    assert y.shape == (2, H)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T", [256, 8192])
+def test_fused_mix_full(T):
+    """Full width (4 streams x 4096) at a prefill chunk's row counts, bf16 streams: against the fp32 GEMM."""
+    torch.manual_seed(5)
+    R = torch.randn(T, 4, 4096, device=DEV).to(torch.bfloat16)
+    fn, _, _ = _params(4, 4096, 24)
+    m, ss = K.hc_mix_fused(R, fn)
+    rm, rss = _mix_ref(R, fn)
+    assert rel(m.cpu(), rm) < 1e-5 and rel(ss.cpu(), rss) < 1e-6

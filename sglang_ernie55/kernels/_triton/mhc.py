@@ -26,25 +26,30 @@ def hc_pre_tail_kernel(
     rms_eps,
     w_ptr,
     norm_eps,
+    ss_ptr,
     N: tl.constexpr,
     NP: tl.constexpr,
     ITERS: tl.constexpr,
     BLOCK: tl.constexpr,
     HEAD: tl.constexpr,
     RMS: tl.constexpr,
+    SS: tl.constexpr,
     NORM: tl.constexpr,
     HAS_W: tl.constexpr,
     NBLOCK: tl.constexpr,
 ):
     """One program per token. m row = [pre N | post N | comb N*N] (HEAD: [pre N] only). RMS: m holds the
-    raw mix x @ fn^T and the program scales it by rsqrt(mean(x^2) + rms_eps) over its own row of R.
+    raw mix x @ fn^T and the program scales it by rsqrt(mean(x^2) + rms_eps) over its own row of R, or with SS
+    over the row's sum of squares at ss_ptr (`hc_mix_kernel` made both: R is then read once here).
     NORM: the row y = sum_i pre[i] R[i] is built whole in one NBLOCK (>= H) tile, stream by stream, and the
     program writes the sub-layer's RMSNorm of it, y * rsqrt(mean(y^2) + norm_eps) [* w], rounded once to
     y_ptr's dtype, instead of y."""
     t = tl.program_id(0).to(tl.int64)
     i = tl.arange(0, NP)
     im = i < N
-    if RMS:
+    if SS:
+        rr = tl.rsqrt(tl.load(ss_ptr + t) / (N * H) + rms_eps)
+    elif RMS:
         ss = tl.zeros([NP], tl.float32)
         for h0 in range(0, H, BLOCK):
             h = h0 + tl.arange(0, BLOCK)
@@ -111,6 +116,45 @@ def hc_pre_tail_kernel(
                 other=0.0,
             ).to(tl.float32)
             tl.store(y_ptr + t * y_stride + h, tl.sum(pre[:, None] * r, 0), mask=hm)
+
+
+@triton.jit
+def hc_mix_kernel(
+    x_ptr,
+    x_stride,
+    fn_ptr,
+    fn_stride,
+    m_ptr,
+    m_stride,
+    ss_ptr,
+    T,
+    K,
+    NR,
+    NRP: tl.constexpr,
+    BM: tl.constexpr,
+    BK: tl.constexpr,
+):
+    """Programs of BM token rows of x [T, K] (the flattened streams): m = x @ fn^T [T, NR] in IEEE fp32 and
+    each row's sum of squares, reading x once. A row's sums run over K in the same order in every program,
+    whatever the batch."""
+    rows = tl.program_id(0) * BM + tl.arange(0, BM)
+    rm = rows < T
+    rows64 = rows.to(tl.int64)
+    j = tl.arange(0, NRP)
+    jm = j < NR
+    acc = tl.zeros([BM, NRP], tl.float32)
+    ss = tl.zeros([BM], tl.float32)
+    for k0 in range(0, K, BK):
+        k = k0 + tl.arange(0, BK)
+        km = k < K
+        x = tl.load(
+            x_ptr + rows64[:, None] * x_stride + k[None, :], mask=rm[:, None] & km[None, :], other=0.0
+        ).to(tl.float32)
+        f = tl.load(fn_ptr + j[:, None] * fn_stride + k[None, :], mask=jm[:, None] & km[None, :], other=0.0)
+        acc += tl.dot(x, tl.trans(f), input_precision="ieee")
+        ss += tl.sum(x * x, 1)
+    tl.store(m_ptr + rows64[:, None] * m_stride + j[None, :], acc, mask=rm[:, None] & jm[None, :])
+    tl.store(ss_ptr + rows64, ss, mask=rm)
 
 
 @triton.jit
