@@ -126,15 +126,7 @@ def mhc_mix() -> str:
     raw mix and RMS factor for batches of `kernels.mhc.FUSED_MIX_MIN_ROWS` tokens and more: `cublas` (an fp32
     GEMM, then the tail reads the streams twice), `fused` (one Triton pass makes both, the tail reads them
     once)."""
-    return _mhc_mix(os.environ.get("SGLANG_ERNIE55_MHC_MIX", "cublas"))
-
-
-@functools.lru_cache(maxsize=8)
-def _mhc_mix(raw: str) -> str:
-    v = raw.strip().lower() or "cublas"
-    if v not in MHC_MIXES:
-        raise ValueError(f"SGLANG_ERNIE55_MHC_MIX={raw!r}: legal values are {', '.join(MHC_MIXES)}")
-    return v
+    return _choice("SGLANG_ERNIE55_MHC_MIX", os.environ.get("SGLANG_ERNIE55_MHC_MIX", ""), MHC_MIXES)
 
 
 LAYER_IMPLS = ("auto", "torch", "triton")
@@ -142,12 +134,14 @@ LAYER_IMPLS = ("auto", "torch", "triton")
 
 def layer_impl() -> str:
     """`SGLANG_ERNIE55_LAYER_IMPL`: one of LAYER_IMPLS (default `auto`); see sglang_ernie55.layers.impl."""
-    return _layer_impl(os.environ.get("SGLANG_ERNIE55_LAYER_IMPL", "auto"))
+    return _choice("SGLANG_ERNIE55_LAYER_IMPL", os.environ.get("SGLANG_ERNIE55_LAYER_IMPL", ""), LAYER_IMPLS)
 
 
-@functools.lru_cache(maxsize=8)
-def _layer_impl(raw: str) -> str:
-    v = raw.strip().lower() or "auto"
-    if v not in LAYER_IMPLS:
-        raise ValueError(f"SGLANG_ERNIE55_LAYER_IMPL={raw!r}: legal values are {', '.join(LAYER_IMPLS)}")
+@functools.lru_cache(maxsize=32)
+def _choice(name: str, raw: str, legal: tuple[str, ...]) -> str:
+    """A per-call knob's value, lower-cased (empty: the first legal value, its default); another is refused,
+    naming the legal ones. Cached: the hot paths read it per call."""
+    v = raw.strip().lower() or legal[0]
+    if v not in legal:
+        raise ValueError(f"{name}={raw!r}: legal values are {', '.join(legal)}")
     return v
