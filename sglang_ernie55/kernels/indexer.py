@@ -112,11 +112,12 @@ def indexer_logits(
 # request) and for extend rows (hundreds of one request's rows per indexer chunk), from bench_indexer.py and
 # bench_decode.py: extend rows four per program, keys major, read each key tile once for four rows (512 rows
 # x 32K keys on the H100: 921 us against 1606 for one row per program at 128 keys; docs/benchmarks.md 6.4)
+LOGITS_DECODE = (64, 4, False, False)
+LOGITS_EXTEND = (64, 4, True, True, 4)
+
 # the rows kernel's dot holds rows x heads (padded) on one side: on the H100 its logits were wrong at 512 of
 # them with 64 keys per step (4 and 8 warps), right at 512 with 32 keys and at 256 with 64 or 128 keys
 ROWS_HEADS_MAX = 256
-LOGITS_DECODE = (64, 4, False, False)
-LOGITS_EXTEND = (64, 4, True, True, 4)
 
 
 def _ordered_key(logits: torch.Tensor) -> torch.Tensor:
