@@ -33,6 +33,28 @@ CONFIGS = [MH.MIX_CONFIG] + [
     if c != MH.MIX_CONFIG
 ]
 
+POST_CONFIGS = [MH.POST_MIX_CONFIG] + [
+    c for c in ((32, 32, 4, 3), (16, 64, 4, 2), (64, 32, 8, 2), (32, 32, 4, 2)) if c != MH.POST_MIX_CONFIG
+]
+
+POST_TABLE = """
+A site's post and the next site's pre, three ways: hc_post then hc_pre with the cublas mix, hc_post then
+hc_pre with the fused mix, and hc_post_mix (the mix taken as R' is written) then hc_pre on its `mixed`. Byte
+floor: R read, f read, R' written, R' read once by the tail, the bf16 output written."""
+
+
+def _pair(site, mix):
+    """hc_post, then the next site's hc_pre with `mix`."""
+    f, R, post, C, fn, base, scale, kw = site
+    return MH.hc_pre(MH.hc_post(f, R, post, C), fn, base, scale, mix=mix, **kw)
+
+
+def _post_mix_pair(site, cfg):
+    """hc_post_mix in `cfg`, then the next site's hc_pre on its `mixed`."""
+    f, R, post, C, fn, base, scale, kw = site
+    R2, mixed = MH.hc_post_mix(f, R, post, C, fn, config=cfg)
+    return MH.hc_pre(R2, fn, base, scale, mixed=mixed, **kw)
+
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -75,6 +97,38 @@ def main(argv=None) -> int:
                 f"| {T} | {r['mix']} | {cfg} | {r['us']:.1f} | {r['floor_us']:.1f} | "
                 f"{r['us'] / r['floor_us']:.2f} | {r['diff']:.1e} |"
             )
+    print()
+    print(POST_TABLE)
+    print("| tokens | way | config | us | byte floor us | x floor | max rel diff vs cublas |")
+    print("| ---: | --- | --- | ---: | ---: | ---: | ---: |")
+    for T in args.tokens:
+        g = torch.Generator(device="cuda").manual_seed(T + 1)
+        R = torch.randn(T, N, H, device="cuda", generator=g)
+        f = torch.randn(T, H, device="cuda", generator=g).to(torch.bfloat16)
+        post = torch.rand(T, N, device="cuda", generator=g) * 2
+        C = torch.softmax(torch.randn(T, N, N, device="cuda", generator=g), -1)
+        fn = torch.randn((2 + N) * N, N * H, device="cuda", generator=g) * (N * H) ** -0.5
+        base, scale = torch.randn((2 + N) * N, device="cuda") * 0.5, torch.rand(3, device="cuda") + 0.5
+        norm = MH.SublayerNorm(torch.ones(H, device="cuda"), 1e-6, torch.bfloat16)
+        kw = dict(hc_eps=1e-6, iters=20, rms_eps=1e-6, norm=norm)
+        floor_us = (3 * R.numel() * 4 + 2 * T * H * 2) / (tbs * 1e12) * 1e6
+
+        site = (f, R, post, C, fn, base, scale, kw)
+        ref = _pair(site, "cublas")
+        ways = [("post + cublas mix", None, functools.partial(_pair, site, "cublas"))]
+        ways.append(("post + fused mix", None, functools.partial(_pair, site, "fused")))
+        ways += [("post_mix", cfg, functools.partial(_post_mix_pair, site, cfg)) for cfg in POST_CONFIGS]
+        for way, cfg, call in ways:
+            got = call()
+            diff = max(
+                float((a.float() - b.float()).abs().max() / b.float().abs().max()) for a, b in zip(got, ref)
+            )
+            us = bench(call) * 1e3
+            rows.append(
+                dict(tokens=T, mix=way, config=cfg and list(cfg), us=us, floor_us=floor_us, diff=diff)
+            )
+            c = "-" if cfg is None else "x".join(map(str, cfg))
+            print(f"| {T} | {way} | {c} | {us:.1f} | {floor_us:.1f} | {us / floor_us:.2f} | {diff:.1e} |")
     if args.out:
         os.makedirs(args.out, exist_ok=True)
         stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")

@@ -240,6 +240,12 @@ def fused_launches():
     out["hc_pre_tail_ss"] = capture_launch(
         MH.hc_pre_tail_kernel, functools.partial(tail, norm=None, ss=ss, **kw)
     )
+    # hc_post with the next site's fused mix (bf16 f, fp32 streams)
+    f = torch.randn(T, H).to(torch.bfloat16)
+    out["hc_post_mix"] = capture_launch(
+        MH.hc_post_mix_kernel,
+        functools.partial(MH.hc_post_mix, f, R, torch.rand(T, n), torch.rand(T, n, n), fn),
+    )
     return out
 
 

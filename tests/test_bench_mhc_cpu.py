@@ -20,3 +20,8 @@ def test_configs_start_with_the_shipped_one():
     assert bench_mhc.CONFIGS[0] == bench_mhc.MH.MIX_CONFIG and len(set(bench_mhc.CONFIGS)) == len(
         bench_mhc.CONFIGS
     )
+
+
+def test_post_configs_start_with_the_shipped_one():
+    P = bench_mhc.POST_CONFIGS
+    assert P[0] == bench_mhc.MH.POST_MIX_CONFIG and len(set(P)) == len(P)

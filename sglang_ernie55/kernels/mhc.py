@@ -14,13 +14,17 @@ import triton
 
 from .. import envs
 from ._pool import check
-from ._triton.mhc import hc_mix_kernel, hc_post_kernel, hc_pre_tail_kernel
+from ._triton.mhc import hc_mix_kernel, hc_post_kernel, hc_post_mix_kernel, hc_pre_tail_kernel
 from .norm import MAX_WIDTH
 
 # the fused mix (`SGLANG_ERNIE55_MHC_MIX=fused`) for batches of this many tokens and more: its programs take
 # MIX_CONFIG's rows each, so a decode batch would leave most SMs idle where cuBLAS splits K
 FUSED_MIX_MIN_ROWS = 256
 MIX_CONFIG = (32, 64, 4, 3)  # rows per program, K per step, warps, stages
+# `hc_post_mix` holds each stream's tile in its own registers; its config is read as MIX_CONFIG (its four
+# stream tiles and four IEEE dots per step spill at MIX_CONFIG on sm_90)
+POST_MIX_STREAMS = 4
+POST_MIX_CONFIG = (32, 64, 8, 2)
 
 
 def _check_R(R: torch.Tensor, name: str = "R") -> tuple[int, int, int]:
@@ -92,6 +96,13 @@ def _mix(R: torch.Tensor, fn: torch.Tensor, mix: str | None) -> tuple[torch.Tens
     if mix == "fused" and R.shape[0] >= FUSED_MIX_MIN_ROWS:
         return hc_mix_fused(R, fn)
     return _raw_mix(R, fn), None
+
+
+def _check_mixed(mixed, T: int, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    m, ss = mixed
+    check(m.shape == (T, rows) and m.dtype == torch.float32, f"mixed: m fp32 [{T}, {rows}]")
+    check(ss.shape == (T,) and ss.dtype == torch.float32, f"mixed: sums of squares fp32 [{T}]")
+    return m, ss
 
 
 @dataclasses.dataclass(frozen=True)
@@ -171,6 +182,7 @@ def hc_pre(
     backend: str = "auto",
     norm: SublayerNorm | None = None,
     mix: str | None = None,
+    mixed: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """With x = R.flatten(-1) (fp32; C[j, i]: stream j -> i):
 
@@ -182,7 +194,8 @@ def hc_pre(
     R [T, n, H] (fp32/bf16); fn fp32 [(2+n)n, nH]; base fp32 [(2+n)n]; scale fp32 [3].
     Returns y fp32 [T, H] (before the sublayer's RMSNorm), post fp32 [T, n], C fp32 [T, n, n]. With `norm`
     (backend "ours" only): the sub-layer's RMSNorm of y in the same launch, [T, H] in norm.out_dtype, in
-    place of y. `mix` (backend "ours"): `envs.MHC_MIXES`, None for `SGLANG_ERNIE55_MHC_MIX`."""
+    place of y. `mix` (backend "ours"): `envs.MHC_MIXES`, None for `SGLANG_ERNIE55_MHC_MIX`; `mixed`: the
+    mix of R and its rows' sums of squares, made by the previous site's `hc_post_mix` with this site's fn."""
     T, n, H = _check_R(R)
     rows = (2 + n) * n
     check(fn.shape == (rows, n * H), f"fn: [{rows}, {n * H}], got {tuple(fn.shape)}")
@@ -190,6 +203,7 @@ def hc_pre(
     check(scale.shape == (3,) and scale.dtype == torch.float32, "scale: fp32 [3]")
     _check_norm(norm, H)
     check(norm is None or backend != "sglang", "hc_pre: the fused sub-layer norm needs backend 'ours'")
+    check(mixed is None or backend != "sglang", "hc_pre: `mixed` needs backend 'ours'")
     if backend == "sglang":
         from sglang.kernels.ops.layernorm.mhc import _hc_split_sinkhorn_triton, mhc_combine
 
@@ -198,7 +212,7 @@ def hc_pre(
         y = mhc_combine(R.reshape(T, n * H).contiguous(), pre[0].contiguous(), n, torch.float32)
         return y, post[0], C[0]
     check(fn.dtype == torch.float32, "fn: fp32")
-    m, ss = _mix(R, fn, mix)
+    m, ss = _mix(R, fn, mix) if mixed is None else _check_mixed(mixed, T, rows)
     y = torch.empty(T, H, dtype=torch.float32 if norm is None else norm.out_dtype, device=R.device)
     pre = torch.empty(T, n, dtype=torch.float32, device=R.device)
     post = torch.empty(T, n, dtype=torch.float32, device=R.device)
@@ -229,13 +243,7 @@ def hc_post(
 ):
     """f [T, H] (sublayer output), R [T, n, H], post fp32 [T, n], C fp32 [T, n, n] (contiguous).
     Returns R' [T, n, H] in R's dtype (or ``out``)."""
-    T, n, H = _check_R(R)
-    check(f.shape == (T, H) and f.stride(1) == 1, f"f: [{T}, {H}]")
-    check(
-        post.shape == (T, n) and post.dtype == torch.float32 and post.is_contiguous(),
-        f"post: fp32 [{T}, {n}]",
-    )
-    check(C.shape == (T, n, n) and C.dtype == torch.float32 and C.is_contiguous(), f"C: fp32 [{T}, {n}, {n}]")
+    T, n, H = _check_post(f, R, post, C)
     if out is None:
         out = torch.empty_like(R)
     check(out.shape == R.shape and out.stride(2) == 1, "out: like R")
@@ -261,6 +269,80 @@ def hc_post(
     return out
 
 
+def _check_post(f, R, post, C) -> tuple[int, int, int]:
+    T, n, H = _check_R(R)
+    check(f.shape == (T, H) and f.stride(1) == 1, f"f: [{T}, {H}]")
+    check(
+        post.shape == (T, n) and post.dtype == torch.float32 and post.is_contiguous(),
+        f"post: fp32 [{T}, {n}]",
+    )
+    check(C.shape == (T, n, n) and C.dtype == torch.float32 and C.is_contiguous(), f"C: fp32 [{T}, {n}, {n}]")
+    return T, n, H
+
+
+def post_mixes(T: int, n: int, mix: str | None = None) -> bool:
+    """Whether `hc_post_mix` serves a site's post and the next site's mix for a batch of T tokens of n streams
+    (`mix` as `hc_pre`'s): the fused mix's rule, since its programs are the fused mix's, at most
+    POST_MIX_STREAMS streams."""
+    mix = envs.mhc_mix() if mix is None else mix
+    check(mix in envs.MHC_MIXES, f"mix: one of {envs.MHC_MIXES}, got {mix!r}")
+    return mix == "fused" and T >= FUSED_MIX_MIN_ROWS and n <= POST_MIX_STREAMS
+
+
+def hc_post_mix(
+    f: torch.Tensor,
+    R: torch.Tensor,
+    post: torch.Tensor,
+    C: torch.Tensor,
+    fn: torch.Tensor,
+    out: torch.Tensor | None = None,
+    config: tuple[int, int, int, int] | None = None,
+) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    """`hc_post` (the same R' bits) and the next site's `hc_mix_fused` of R' in one pass: R' is written and
+    the mix taken as its tiles go by, so the next site's pre reads the streams only for its combination. fn:
+    the next site's fp32 [rows, nH]. Returns (R', (m [T, rows] fp32, sum of squares [T] fp32)), the pair for
+    `hc_pre` / `hc_head`'s `mixed`; config as `hc_mix_fused`'s, default POST_MIX_CONFIG."""
+    T, n, H = _check_post(f, R, post, C)
+    check(n <= POST_MIX_STREAMS, f"hc_post_mix: at most {POST_MIX_STREAMS} streams, got {n}")
+    check(fn.dim() == 2 and fn.shape[1] == n * H and fn.dtype == torch.float32, f"fn: fp32 [rows, {n * H}]")
+    check(fn.stride(1) == 1, "fn: contiguous rows")
+    if out is None:
+        out = torch.empty_like(R)
+    check(out.shape == R.shape and out.stride(2) == 1, "out: like R")
+    bm, bk, warps, stages = config or POST_MIX_CONFIG
+    NR = fn.shape[0]
+    m = torch.empty(T, NR, dtype=torch.float32, device=R.device)
+    ss = torch.empty(T, dtype=torch.float32, device=R.device)
+    if T:
+        hc_post_mix_kernel[(triton.cdiv(T, bm),)](
+            f,
+            f.stride(0),
+            R,
+            R.stride(0),
+            R.stride(1),
+            post,
+            C,
+            out,
+            out.stride(0),
+            out.stride(1),
+            fn,
+            fn.stride(0),
+            m,
+            m.stride(0),
+            ss,
+            T,
+            H,
+            NR,
+            N=n,
+            NRP=max(16, triton.next_power_of_2(NR)),
+            BM=bm,
+            BK=bk,
+            num_warps=warps,
+            num_stages=stages,
+        )
+    return out, (m, ss)
+
+
 def hc_head(
     R: torch.Tensor,
     fn: torch.Tensor,
@@ -272,9 +354,10 @@ def hc_head(
     backend: str = "auto",
     norm: SublayerNorm | None = None,
     mix: str | None = None,
+    mixed: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """R [T, n, H]; fn fp32 [n, nH]; base fp32 [n]; scale fp32 [1]. Returns y fp32 [T, H], or with `norm` the
-    final RMSNorm of y in the same launch ([T, H] in norm.out_dtype; as `hc_pre`, `mix` too)."""
+    final RMSNorm of y in the same launch ([T, H] in norm.out_dtype; as `hc_pre`, `mix` and `mixed` too)."""
     T, n, H = _check_R(R)
     _check_norm(norm, H)
     check(
@@ -286,7 +369,11 @@ def hc_head(
         "hc_head params: fp32",
     )
     fused = backend != "sglang"
-    m, ss = _mix(R, fn, mix) if fused else (hc_mix(R, fn, rms_eps, "sglang"), None)
+    check(fused or mixed is None, "hc_head: `mixed` needs backend 'ours'")
+    if mixed is not None:
+        m, ss = _check_mixed(mixed, T, n)
+    else:
+        m, ss = _mix(R, fn, mix) if fused else (hc_mix(R, fn, rms_eps, "sglang"), None)
     y = torch.empty(T, H, dtype=torch.float32 if norm is None else norm.out_dtype, device=R.device)
     if T:
         _tail(

@@ -25,16 +25,18 @@ class HyperConnection(nn.Module):
         self.hc_eps, self.iters, self.rms_eps = hc_eps, iters, rms_eps
 
     def pre(
-        self, R: torch.Tensor, norm: nn.Module | None = None, dtype: torch.dtype | None = None
+        self, R: torch.Tensor, norm: nn.Module | None = None, dtype: torch.dtype | None = None, mixed=None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """R [T, n, H] fp32 -> y [T, H] fp32 (before the site's RMSNorm), post [T, n], C [T, n, n] (fp32,
         contiguous). With `norm` (the sub-layer's SGLang RMSNorm): its fp32 norm of y rounded once to `dtype`
-        in place of y (`attention.norm_fp32`), on the kernels in the site's tail launch."""
+        in place of y (`attention.norm_fp32`), on the kernels in the site's tail launch. `mixed`: this site's
+        mix of R from the previous site's `post_mix` (None: the site mixes R itself)."""
         kw = dict(hc_eps=self.hc_eps, iters=self.iters, rms_eps=self.rms_eps)
         if use_kernels(R):
             from ..kernels import mhc as K
 
-            return K.hc_pre(_streams(R), self.fn, self.base, self.scale, norm=_fused(norm, dtype), **kw)
+            norm = _fused(norm, dtype)
+            return K.hc_pre(_streams(R), self.fn, self.base, self.scale, norm=norm, mixed=mixed, **kw)
         y, post, C = mhc_torch.hc_pre(_streams(R), self.fn, self.base, self.scale, **kw)
         return _norm(y, norm, dtype), post, C
 
@@ -49,6 +51,21 @@ class HyperConnection(nn.Module):
             return K.hc_post(f, _streams(R), post.float().contiguous(), C.float().contiguous())
         return mhc_torch.hc_post(f, _streams(R), post, C)
 
+    @classmethod
+    def post_mix(cls, f: torch.Tensor, R: torch.Tensor, post: torch.Tensor, C: torch.Tensor, then: nn.Module):
+        """`post`, and with it the mix of R' for `then` (the next site: a HyperConnection or the HyperHead)
+        where the kernels serve this batch and `kernels.mhc.post_mixes` holds. Returns (R', `then`'s `mixed`
+        or None)."""
+        if use_kernels(R):
+            from ..kernels import mhc as K
+
+            if K.post_mixes(R.shape[0], R.shape[1]):
+                f = f if f.stride(-1) == 1 else f.contiguous()
+                return K.hc_post_mix(
+                    f, _streams(R), post.float().contiguous(), C.float().contiguous(), then.fn
+                )
+        return cls.post(f, R, post, C), None
+
 
 class HyperHead(nn.Module):
     """`model.hc_head`: fn [n, nH], base [n], scale [1] (fp32); collapses the streams to [T, H]."""
@@ -61,14 +78,16 @@ class HyperHead(nn.Module):
         self.hc_eps, self.rms_eps = hc_eps, rms_eps
 
     def forward(
-        self, R: torch.Tensor, norm: nn.Module | None = None, dtype: torch.dtype | None = None
+        self, R: torch.Tensor, norm: nn.Module | None = None, dtype: torch.dtype | None = None, mixed=None
     ) -> torch.Tensor:
-        """R [T, n, H] -> y [T, H] fp32; with `norm`, its norm of y in `dtype` (as `HyperConnection.pre`)."""
+        """R [T, n, H] -> y [T, H] fp32; with `norm`, its norm of y in `dtype` (as `HyperConnection.pre`, and
+        `mixed` too)."""
         kw = dict(hc_eps=self.hc_eps, rms_eps=self.rms_eps)
         if use_kernels(R):
             from ..kernels import mhc as K
 
-            return K.hc_head(_streams(R), self.fn, self.base, self.scale, norm=_fused(norm, dtype), **kw)
+            norm = _fused(norm, dtype)
+            return K.hc_head(_streams(R), self.fn, self.base, self.scale, norm=norm, mixed=mixed, **kw)
         return _norm(mhc_torch.hc_head(_streams(R), self.fn, self.base, self.scale, **kw), norm, dtype)
 
 

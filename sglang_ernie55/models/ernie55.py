@@ -86,22 +86,27 @@ class Ernie55DecoderLayer(nn.Module):
         # both mHC sites stay local), as SGLang's models with a TP-sharded MLP under DP attention do.
         self.gather_ffn_tokens = get_parallel().attn_dp_size > 1
 
-    def forward(self, positions, R: torch.Tensor, forward_batch, dtype: torch.dtype) -> torch.Tensor:
+    def forward(self, positions, R: torch.Tensor, forward_batch, dtype: torch.dtype, mixed=None, then=None):
         """R [T, n, H] fp32 streams -> R' (fp32). positions: [T], or the forward's `RopePositions` (the model
-        builds it once for all layers; the ECHO draft passes the raw positions of its one layer)."""
+        builds it once for all layers; the ECHO draft passes the raw positions of its one layer). The model's
+        loop also passes `mixed`, this layer's first-site mix of R made by the previous layer (None: the
+        site mixes), and `then`, the next site (the next layer's `attn_hc`, or `hc_head`): with `then` the
+        result is (R', the mix of R' for `then` or None), from `HyperConnection.post_mix`."""
         positions = self.rope[0].at(positions)
         # each mHC site's pre also applies the sub-layer's input norm (one launch on the kernels)
         with forward_range("mhc"):
-            x, post, C = self.attn_hc.pre(R, self.input_layernorm, dtype)
+            x, post, C = self.attn_hc.pre(R, self.input_layernorm, dtype, mixed)
         with forward_range(self.kind):
             a = self.self_attn(x, positions, forward_batch)
         with forward_range("mhc"):
-            R = self.attn_hc.post(a, R, post, C)
-            x, post, C = self.ffn_hc.pre(R, self.post_attention_layernorm, dtype)
+            R, mixed = self.attn_hc.post_mix(a, R, post, C, self.ffn_hc)
+            x, post, C = self.ffn_hc.pre(R, self.post_attention_layernorm, dtype, mixed)
         with forward_range(self.ffn_range):
             f = self.ffn(x, forward_batch)
         with forward_range("mhc"):
-            return self.ffn_hc.post(f, R, post, C)
+            if then is None:
+                return self.ffn_hc.post(f, R, post, C)
+            return self.ffn_hc.post_mix(f, R, post, C, then)
 
     def ffn(self, x: torch.Tensor, forward_batch) -> torch.Tensor:
         """The FFN of this rank's rows x [T, H]; under attention DP over every DP rank's rows, under a prefill-CP
@@ -148,10 +153,7 @@ class Ernie55Model(nn.Module):
             dtype = h.dtype
             R = h.float()[:, None, :].expand(-1, self.n, -1).contiguous()
             rp = self.rope.at(positions)  # cos / sin of this forward's positions, once for every layer
-        for layer in self.layers:
-            R = layer(rp, R, forward_batch, dtype)
-        with forward_range("mhc"):
-            hidden = self.hc_head(R, self.norm, dtype)
+        hidden, R = self.layers_and_head(rp, R, forward_batch, dtype)
         if is_split(forward_batch):
             # SGLang's prefill-CP runner calls this body on the rank's rows, all-gathers every tensor it returns
             # and hands a second one to the logits processor as hidden_states_before_norm: the streams only
@@ -159,6 +161,17 @@ class Ernie55Model(nn.Module):
             captured = Ernie5_5_MoeForCausalLM.captured_streams(R, hidden, forward_batch)
             return hidden if captured is None else (hidden, captured)
         return hidden, R
+
+    def layers_and_head(self, rp, R: torch.Tensor, forward_batch, dtype: torch.dtype):
+        """The decoder layers over the streams R [T, n, H] fp32, then hc_head and the final norm: (hidden
+        [T, H] in `dtype`, the streams before hc_head). Each mHC site's post hands the next site its mix
+        where the kernels take it (`HyperConnection.post_mix`)."""
+        mixed, last = None, len(self.layers) - 1
+        for i, layer in enumerate(self.layers):
+            then = self.hc_head if i == last else self.layers[i + 1].attn_hc
+            R, mixed = layer(rp, R, forward_batch, dtype, mixed, then)
+        with forward_range("mhc"):
+            return self.hc_head(R, self.norm, dtype, mixed), R
 
 
 class Ernie5_5_MoeForCausalLM(nn.Module):

@@ -257,3 +257,101 @@ def test_fused_mix_full(T):
     m, ss = K.hc_mix_fused(R, fn)
     rm, rss = _mix_ref(R, fn)
     assert rel(m.cpu(), rm) < 1e-5 and rel(ss.cpu(), rss) < 1e-6
+
+
+def _post_args(T, n, H, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    R = torch.randn(T, n, H, generator=g).to(DEV, dtype)
+    f = torch.randn(T, H, generator=g).to(DEV, torch.bfloat16)
+    post = (torch.rand(T, n, generator=g) * 2).to(DEV)
+    C = torch.softmax(torch.randn(T, n, n, generator=g), -1).to(DEV)
+    return f, R, post, C
+
+
+@pytest.mark.parametrize("T", [0, 1, 33, 300])
+@pytest.mark.parametrize("n, H", [(4, 64), (3, 96), (4, 1100)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_post_mix_is_hc_post_then_the_mix(T, n, H, dtype):
+    """`hc_post_mix`: R' with `hc_post`'s bits, and the next site's mix and sums of squares of R' as written
+    (rounded to R's dtype), against the fp32 GEMM in torch; rows no program's rows divide, widths no K step
+    divides, three streams (padded to four in the tile), bf16 streams."""
+    f, R, post, C = _post_args(T, n, H, dtype, T + n * H)
+    fn, _, _ = _params(n, H, (2 + n) * n)
+    out, (m, ss) = K.hc_post_mix(f, R, post, C, fn)
+    assert out.dtype == dtype and m.shape == (T, (2 + n) * n) and ss.shape == (T,)
+    assert torch.equal(out, K.hc_post(f, R, post, C))
+    if T:
+        rm, rss = _mix_ref(out, fn)
+        assert rel(m.cpu(), rm) < 1e-5 and rel(ss.cpu(), rss) < 1e-6
+
+
+def test_post_mix_rows_do_not_depend_on_the_batch():
+    """As the fused mix: a row's R', mix and sum of squares are the same in a batch of 300 and of its last 263
+    rows (the mix to fp32 rounding in the interpreter, whose dot is numpy's)."""
+    n, H = 4, 96
+    f, R, post, C = _post_args(300, n, H, torch.float32, 7)
+    fn, _, _ = _params(n, H, (2 + n) * n)
+    out, (m, ss) = K.hc_post_mix(f, R, post, C, fn)
+    out1, (m1, ss1) = K.hc_post_mix(*(x[37:].clone() for x in (f, R, post, C)), fn)
+    assert torch.equal(out[37:], out1) and torch.equal(ss[37:], ss1)
+    if DEV == "cpu":
+        torch.testing.assert_close(m[37:], m1, rtol=1e-6, atol=1e-6)
+    else:
+        assert torch.equal(m[37:], m1)
+
+
+@pytest.mark.parametrize("norm", [False, True])
+def test_sites_take_the_previous_posts_mix(norm):
+    """hc_pre / hc_head given `mixed` from `hc_post_mix` equal the same sites with the fused mix of R' (the
+    tail then reads R' only for its combination), to fp32 rounding; a `mixed` of the wrong shape, or with
+    SGLang's backend, is refused."""
+    n, H, T = 4, 64, K.FUSED_MIX_MIN_ROWS + 3
+    f, R, post, C = _post_args(T, n, H, torch.float32, 11)
+    fn, base, scale = _params(n, H, (2 + n) * n)
+    kw = dict(hc_eps=1e-6, iters=20, rms_eps=1e-6)
+    sub = K.SublayerNorm(None, 1e-6, torch.float32) if norm else None
+    R2, mixed = K.hc_post_mix(f, R, post, C, fn)
+    got = K.hc_pre(R2, fn, base, scale, norm=sub, mixed=mixed, **kw)
+    want = K.hc_pre(R2, fn, base, scale, norm=sub, mix="fused", **kw)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    hfn, hbase, hscale = _params(n, H, n)
+    R3, hmixed = K.hc_post_mix(f, R, post, C, hfn)
+    hk = dict(hc_eps=1e-6, rms_eps=1e-6, norm=sub)
+    torch.testing.assert_close(
+        K.hc_head(R3, hfn, hbase, hscale[:1], mixed=hmixed, **hk),
+        K.hc_head(R3, hfn, hbase, hscale[:1], mix="fused", **hk),
+        rtol=1e-5,
+        atol=1e-6,
+    )
+    with pytest.raises(ValueError, match=r"mixed: m fp32 \[259, 24\]"):
+        K.hc_pre(R2, fn, base, scale, mixed=hmixed, **kw)
+    with pytest.raises(ValueError, match="`mixed` needs backend 'ours'"):
+        K.hc_pre(R2, fn, base, scale, mixed=mixed, backend="sglang", **kw)
+
+
+def test_post_mix_rule(monkeypatch):
+    """`post_mixes`: the fused mix's rule (the knob, FUSED_MIX_MIN_ROWS tokens and more), at most 4 streams;
+    `hc_post_mix` refuses more."""
+    assert not K.post_mixes(10_000, 4, "cublas") and not K.post_mixes(K.FUSED_MIX_MIN_ROWS - 1, 4, "fused")
+    assert K.post_mixes(K.FUSED_MIX_MIN_ROWS, 4, "fused") and not K.post_mixes(10_000, 5, "fused")
+    monkeypatch.setenv("SGLANG_ERNIE55_MHC_MIX", "fused")
+    assert K.post_mixes(K.FUSED_MIX_MIN_ROWS, 4)
+    with pytest.raises(ValueError, match="mix: one of"):
+        K.post_mixes(300, 4, "cutlass")
+    f, R, post, C = _post_args(3, 5, 32, torch.float32, 0)
+    with pytest.raises(ValueError, match="hc_post_mix: at most 4 streams, got 5"):
+        K.hc_post_mix(f, R, post, C, torch.zeros(35, 160, device=DEV))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T", [256, 8192])
+def test_post_mix_full(T):
+    """Full width (4 streams x 4096, fp32 streams) at a prefill chunk's row counts: R' bit-equal to hc_post's,
+    the mix against the fp32 GEMM of R'."""
+    f, R, post, C = _post_args(T, 4, 4096, torch.float32, T)
+    fn, _, _ = _params(4, 4096, 24)
+    out, (m, ss) = K.hc_post_mix(f, R, post, C, fn)
+    assert torch.equal(out, K.hc_post(f, R, post, C))
+    rm, rss = _mix_ref(out, fn)
+    assert rel(m.cpu(), rm) < 1e-5 and rel(ss.cpu(), rss) < 1e-6

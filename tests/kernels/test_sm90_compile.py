@@ -41,7 +41,7 @@ def test_one_launch_kernels_compile_for_sm90(tmp_path):
     topk |= {f"indexer_topk_slots_{b}x{w}w_sampled" for _r, (b, w, *_s) in TOPK_CONFIGS}
     meta = {f"decode_meta{m}_rows{r}" for m in ("", "_mapped") for r in (1, 3)}
     norms = {"rms_norm_rope_q", "rms_norm_rope_kv", "rms_norm"}
-    mhc = {"hc_pre_tail", "hc_pre_tail_norm", "hc_head_norm", "hc_mix_fused", "hc_pre_tail_ss"}
+    mhc = {"hc_pre_tail", "hc_pre_tail_norm", "hc_head_norm", "hc_mix_fused", "hc_pre_tail_ss", "hc_post_mix"}
     logits = {
         "indexer_logits_extend_128x4w",
         "indexer_logits_decode_64x4w",

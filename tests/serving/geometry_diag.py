@@ -319,7 +319,8 @@ class _ModelSpy:
         self.routes: dict[int, list[torch.Tensor]] = {li: [] for li in self.moes}
 
     def _hook(self, li: int):
-        return lambda _m, _i, o: self.streams[li].append(o.float().cpu())
+        # the model's loop gets (R', the next site's mix) from each layer
+        return lambda _m, _i, o: self.streams[li].append((o[0] if isinstance(o, tuple) else o).float().cpu())
 
     def _route(self, li: int, orig):
         def route(x):

@@ -325,6 +325,52 @@ def run_model(device: str = "cpu", geometry: str = "tiny") -> dict:
     return rep
 
 
+def run_post_mix(device: str = "cpu", geometry: str = "tiny", T: int = 300) -> dict:
+    """The model's layers and hc_head (recording attention stubs) over T fresh random streams on the kernels
+    with SGLANG_ERNIE55_MHC_MIX=fused, where each site's post hands the next site its mix (`hc_post_mix`),
+    against the same with the cuBLAS mix and against torch; counts the fused posts."""
+    from sglang_ernie55.kernels import mhc as K
+
+    cfg, _, model = _model(device, geometry)
+    m = model.model
+    for layer in m.layers:
+        layer.self_attn.attn = StubAttention()
+    g = torch.Generator().manual_seed(9)
+    R = torch.randn(T, cfg.hc_mult, cfg.hidden_size, generator=g).to(device)
+    rp = m.rope.at(torch.randint(0, 5000, (T,), generator=g).to(device))
+    calls, orig = [], K.hc_post_mix
+
+    def counted(*a, **k):
+        calls.append(a[1].shape[0])
+        return orig(*a, **k)
+
+    outs = {}
+    K.hc_post_mix = counted
+    try:
+        with torch.no_grad():
+            for name, impl, mix in (
+                ("fused", "triton", "fused"),
+                ("cublas", "triton", "cublas"),
+                ("torch", "torch", ""),
+            ):
+                _set(impl)
+                os.environ["SGLANG_ERNIE55_MHC_MIX"] = mix or "cublas"
+                hidden, streams = m.layers_and_head(rp, R.clone(), None, torch.float32)
+                outs[name] = (hidden.float().cpu(), streams.float().cpu())
+                if name == "fused":
+                    fused_calls = list(calls)
+    finally:
+        K.hc_post_mix = orig
+        os.environ.pop("SGLANG_ERNIE55_MHC_MIX", None)
+    rep = {"geometry": geometry, "T": T, "layers": len(m.layers), "post_mix_calls": fused_calls}
+    rep["calls_after"] = len(calls) - len(fused_calls)
+    for other in ("cublas", "torch"):
+        for i, what in enumerate(("hidden", "streams")):
+            d, scale = _diff(outs["fused"][i], outs[other][i])
+            rep[f"fused_vs_{other}_{what}"] = d / max(scale, 1.0)
+    return rep
+
+
 class FixedAttention(nn.Module):
     """Stands in for RadixAttention: returns `make()`, a fresh backend output (the layer rotates it in place)."""
 
@@ -452,6 +498,8 @@ if __name__ == "__main__":
     geom = sys.argv[3] if len(sys.argv) > 3 else "tiny"
     if mode == "pieces":
         print(json.dumps(run_pieces(dev, 1e-5 if dev == "cpu" else 1e-4, geom)))
+    elif mode == "post_mix":
+        print(json.dumps(run_post_mix(dev, geom)))
     elif mode == "graph":
         print(json.dumps(run_graph(geom)))
     elif mode == "bf16_out":

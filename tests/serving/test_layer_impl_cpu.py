@@ -113,6 +113,23 @@ def test_model_on_kernels_at_odd_geometry():
         assert rep[name]["top1_equal"] == rep["positions"], rep
 
 
+@pytest.mark.slow
+def test_each_post_hands_the_next_site_its_mix():
+    """SGLANG_ERNIE55_MHC_MIX=fused at 300 tokens: the model's four layers and hc_head (recording attention
+    stubs) run each site's post as `hc_post_mix`, 2 per layer (the last one's mix goes to hc_head), and give
+    the hidden state and the streams of the cuBLAS mix and of torch to fp32 rounding (1e-5 of their scale;
+    measured 1.1e-6 / 1.4e-6)."""
+    rep = run_check("post_mix", "cpu", "tiny")
+    assert rep["post_mix_calls"] == [rep["T"]] * (2 * rep["layers"]) and rep["calls_after"] == 0, rep
+    for k in (
+        "fused_vs_cublas_hidden",
+        "fused_vs_cublas_streams",
+        "fused_vs_torch_hidden",
+        "fused_vs_torch_streams",
+    ):
+        assert rep[k] < 1e-5, rep
+
+
 @pytest.mark.parametrize("geometry", ["tiny", "odd"])
 def test_flashmla_bf16_output_gives_the_fp32_outputs_layer(geometry):
     """The backend hands an HCA / MLA-DSA layer FlashMLA's own bf16 output (a head slice of a head-padded buffer,

@@ -192,3 +192,88 @@ def hc_post_kernel(
         acc.to(o_ptr.dtype.element_ty),
         mask=im[:, None] & hm[None, :],
     )
+
+
+@triton.jit
+def _stream(r_ptr, rows64, r_stride_t, r_stride_n, j, h, rh):
+    return tl.load(r_ptr + rows64[:, None] * r_stride_t + j * r_stride_n + h[None, :], mask=rh, other=0.0).to(
+        tl.float32
+    )
+
+
+@triton.jit
+def _c(c_ptr, rows64, rm, j, i, N: tl.constexpr):
+    """C[j, i] of the tile's rows."""
+    return tl.load(c_ptr + rows64 * (N * N) + j * N + i, mask=rm, other=0.0)[:, None]
+
+
+@triton.jit
+def hc_post_mix_kernel(
+    f_ptr,
+    f_stride,
+    r_ptr,
+    r_stride_t,
+    r_stride_n,
+    post_ptr,
+    c_ptr,
+    o_ptr,
+    o_stride_t,
+    o_stride_n,
+    fn_ptr,
+    fn_stride,
+    m_ptr,
+    m_stride,
+    ss_ptr,
+    T,
+    H,
+    NR,
+    N: tl.constexpr,
+    NRP: tl.constexpr,
+    BM: tl.constexpr,
+    BK: tl.constexpr,
+):
+    """`hc_post_kernel` and the next site's `hc_mix_kernel` in one pass, programs of BM tokens (N <= 4
+    streams, each held in its own registers): R'[i] = post[i] f + sum_j C[j, i] R[j] is written, and
+    m = x' @ fn^T [T, NR] (IEEE fp32) and sum(x'^2) per row are taken over x' = R' flattened as written
+    (rounded to o_ptr's dtype), so the next site reads no stream for its mix."""
+    rows = tl.program_id(0) * BM + tl.arange(0, BM)
+    rm = rows < T
+    rows64 = rows.to(tl.int64)
+    j = tl.arange(0, NRP)
+    jm = j < NR
+    acc = tl.zeros([BM, NRP], tl.float32)
+    ss = tl.zeros([BM], tl.float32)
+    for h0 in range(0, H, BK):
+        h = h0 + tl.arange(0, BK)
+        hm = h < H
+        rh = rm[:, None] & hm[None, :]
+        f = tl.load(f_ptr + rows64[:, None] * f_stride + h[None, :], mask=rh, other=0.0).to(tl.float32)
+        r0 = _stream(r_ptr, rows64, r_stride_t, r_stride_n, 0, h, rh)
+        if N > 1:
+            r1 = _stream(r_ptr, rows64, r_stride_t, r_stride_n, 1, h, rh)
+        if N > 2:
+            r2 = _stream(r_ptr, rows64, r_stride_t, r_stride_n, 2, h, rh)
+        if N > 3:
+            r3 = _stream(r_ptr, rows64, r_stride_t, r_stride_n, 3, h, rh)
+        for i in tl.static_range(N):
+            # hc_post_kernel's operations in its order, so R' has its bits
+            y = tl.load(post_ptr + rows64 * N + i, mask=rm, other=0.0)[:, None] * f
+            y += _c(c_ptr, rows64, rm, 0, i, N) * r0
+            if N > 1:
+                y += _c(c_ptr, rows64, rm, 1, i, N) * r1
+            if N > 2:
+                y += _c(c_ptr, rows64, rm, 2, i, N) * r2
+            if N > 3:
+                y += _c(c_ptr, rows64, rm, 3, i, N) * r3
+            y = y.to(o_ptr.dtype.element_ty)
+            tl.store(o_ptr + rows64[:, None] * o_stride_t + i * o_stride_n + h[None, :], y, mask=rh)
+            x = y.to(tl.float32)
+            w = tl.load(
+                fn_ptr + j[:, None] * fn_stride + i * H + h[None, :],
+                mask=jm[:, None] & hm[None, :],
+                other=0.0,
+            )
+            acc += tl.dot(x, tl.trans(w), input_precision="ieee")
+            ss += tl.sum(x * x, 1)
+    tl.store(m_ptr + rows64[:, None] * m_stride + j[None, :], acc, mask=rm[:, None] & jm[None, :])
+    tl.store(ss_ptr + rows64, ss, mask=rm)
