@@ -109,6 +109,17 @@ def norm_rope_fp32(
     return y if out_dtype is None else y.to(out_dtype)
 
 
+def bmm_rows(a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """out[t, b] = a[t, b] @ w[b]: a [T, B, K], w [B, K, N] (any strides a batched GEMM reads), one dtype ->
+    [T, B, N] contiguous. The batched GEMM reads a's rows where they are and writes its rows into the token-major
+    buffer: einsum's form of it returns a [B, T, N] result, so that flattening it is one more copy."""
+    if torch.is_grad_enabled() and (a.requires_grad or w.requires_grad):  # out= takes no autograd
+        return torch.bmm(a.transpose(0, 1), w).transpose(0, 1).contiguous()
+    out = a.new_empty(a.shape[0], w.shape[0], w.shape[2])
+    torch.bmm(a.transpose(0, 1), w, out=out.transpose(0, 1))
+    return out
+
+
 def _rope_query(q: torch.Tensor, q_dtype: torch.dtype | None, rp) -> torch.Tensor:
     """A projection's fresh query rows for in-place RoPE: as they are where the attention rounds queries to
     their dtype and the kernel rotates them (it computes in fp32 and rounds once, so the rotated slice has the
@@ -217,7 +228,7 @@ class Ernie55HCAAttention(nn.Module):
         o = rope.tail_(o, rp, inverse=True)
         og = o.reshape(T, self.G, self.h // self.G * self.D)  # explicit sizes: T = 0 works
         # in the weight's dtype, fp32 accumulation (no fp32 copy of wo_a per step); fp32 weights: unchanged
-        z = torch.einsum("tgk,grk->tgr", og.to(wa.dtype), wa).reshape(T, self.G * self.o_lora)
+        z = bmm_rows(og.to(wa.dtype), wa.transpose(1, 2)).view(T, self.G * self.o_lora)
         return self.wo_b(z.to(x.dtype))[0]
 
 
@@ -320,8 +331,8 @@ class Ernie55MLADSAAttention(nn.Module):
             forward_batch,
             ernie_inputs=MLAInputs(iq, iw, ik),
         )
-        o = torch.einsum("thr,hdr->thd", o_lat.view(T, self.h, self.r).to(w.dtype), w[:, self.dn :])
-        return self.o_proj(o.reshape(T, self.h * self.dv).to(x.dtype))[0]
+        o = bmm_rows(o_lat.view(T, self.h, self.r).to(w.dtype), w[:, self.dn :].transpose(1, 2))
+        return self.o_proj(o.view(T, self.h * self.dv).to(x.dtype))[0]
 
     def _absorbed_query(self, q, q_pe, w, qd: torch.dtype | None) -> torch.Tensor:
         """[q_nope W_uk | q_pe] [T, h, r + dr]: fp32 (qd None), else in qd. Where q and the weight are in qd
