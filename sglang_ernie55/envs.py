@@ -49,6 +49,13 @@ def mla_sparse_prefill() -> bool:
     return _default_on("SGLANG_ERNIE55_MLA_SPARSE_PREFILL")
 
 
+def hca_sparse_prefill() -> bool:
+    """`SGLANG_ERNIE55_HCA_SPARSE_PREFILL=1` (default 0): where FlashMLA serves the HCA layers, extend batches
+    attend through its sparse prefill kernel over a bf16 copy of the batch's window and compressed rows (one
+    index row per query over both); 0: its decode kernel with the two scopes, as decode batches."""
+    return _flag("SGLANG_ERNIE55_HCA_SPARSE_PREFILL")
+
+
 # rows 8: wrong logits on the H100 at 64 keys per step (`indexer.ROWS_HEADS_MAX`); 32 keys x 8 rows is
 # right but untimed, so serving takes 1 / 2 / 4
 INDEXER_EXTEND_KEYS, INDEXER_EXTEND_WARPS, INDEXER_EXTEND_ROWS = (32, 64, 128, 256), (4, 8), (1, 2, 4)

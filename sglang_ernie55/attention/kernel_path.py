@@ -74,6 +74,13 @@ class KernelMeta:
     # length); dense_pt [B, pages] copy page of position s of row b (the top-k's page table into the copy)
     dense_loc: torch.Tensor | None = None
     dense_pt: torch.Tensor | None = None
+    # FlashMLA sparse prefill of the HCA layers (extend batches with `KernelPath.hca_prefill`, else None): one
+    # bf16 copy of the batch's window rows (hca_win_loc: window-pool slots, int64), then its compressed rows
+    # (hca_cmp_loc: compressed-pool slots, int64); hca_sel [T, window + cmp width] each query's copy rows (its
+    # window rows, then its compressed ones; -1 padded), the same keys as win_idx / cmp_idx
+    hca_win_loc: torch.Tensor | None = None
+    hca_cmp_loc: torch.Tensor | None = None
+    hca_sel: torch.Tensor | None = None
     sched: dict = dataclasses.field(default_factory=dict)  # FlashMLA schedules, fresh per forward
 
     @property
@@ -163,15 +170,25 @@ def _flashmla(
 
 
 def _flashmla_prefill(
-    q: torch.Tensor, kv: torch.Tensor, sel: torch.Tensor, scale: float, d_v: int
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    sel: torch.Tensor,
+    scale: float,
+    d_v: int,
+    sink: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """FlashMLA's sparse prefill (the legacy SM90 kernel) over the bf16 copy kv [rows, 1, D] at copy rows sel
-    [T, topk] (-1: none), heads padded to 64 / 128. Returns o [T, h, d_v] bf16."""
+    [T, topk] (-1: none), heads padded to 64 / 128; sink: fp32 [h] (the HCA layers' attention sink). Returns o
+    [T, h, d_v] bf16."""
     import flash_mla
 
     T, h, _ = q.shape
-    q, _ = _pad_heads(q.to(torch.bfloat16))
-    o = flash_mla.flash_mla_sparse_fwd(q.contiguous(), kv, sel.view(T, 1, -1), scale, d_v, use_legacy=True)[0]
+    q, pad = _pad_heads(q.to(torch.bfloat16))
+    if sink is not None:
+        sink = torch.nn.functional.pad(sink, (0, pad)).contiguous() if pad else sink
+    o = flash_mla.flash_mla_sparse_fwd(
+        q.contiguous(), kv, sel.view(T, 1, -1), scale, d_v, attn_sink=sink, use_legacy=True
+    )[0]
     return o[:, :h]
 
 
@@ -328,6 +345,10 @@ class KernelPath:
         self.mla_prefill = (
             LAYER_MLA_DSA in self.flashmla and mla_sparse_prefill() and sparse_prefill_runs(self.topk)
         )
+        from ..envs import hca_sparse_prefill
+
+        # a query's HCA keys: its window (W wide) then its compressed entries (widths of 64)
+        self.hca_prefill = LAYER_HCA in self.flashmla and hca_sparse_prefill() and sparse_prefill_runs(self.W)
 
     # ------------------------------------------------------------------ metadata
     def init_extend(self, fb, split=None) -> None:
@@ -535,7 +556,40 @@ class KernelPath:
             pages = [-(-x // self.page_size) for x in seq]
             if sum(pages) * self.page_size <= MLA_DENSE_ROWS:
                 meta.dense_loc, meta.dense_pt = self.dense_rows(meta.page_table, L, pages)
+        if self.hca_prefill:
+            self.hca_rows(meta, req, P, L, prefix, seq)
         return meta
+
+    def hca_rows(self, meta: KernelMeta, req, P, L, prefix: list[int], seq: list[int]) -> None:
+        """`KernelMeta`'s hca_* fields for an extend batch: request b's window rows, positions
+        max(0, P_b - W + 1) .. L_b - 1, in turn, then its compressed entries 0 .. L_b // ratio - 1 in turn;
+        each query (request b, position p) takes rows p - W + 1 .. p (those >= 0) and entries
+        0 .. (p + 1) // ratio - 1 of its request, as `hca_indices` gives them in the pools."""
+        W, ratio, dev = self.W, self.ratio, req.device
+        wfirst = [max(0, p - W + 1) for p in prefix]
+        nw = [L_ - f for L_, f in zip(seq, wfirst)]
+        nc = [L_ // ratio for L_ in seq]
+        B, Nw, Nc = len(seq), sum(nw), sum(nc)
+        host = torch.tensor([wfirst, nw, nc], dtype=torch.int64).to(dev, non_blocking=True)
+        wf, nwd, ncd = host[0], host[1], host[2]
+        wbase, cbase = torch.cumsum(nwd, 0) - nwd, torch.cumsum(ncd, 0) - ncd
+        rq = req.long()
+        # the copy's window rows: full slot of (request, position) -> window slot
+        b = torch.repeat_interleave(torch.arange(B, device=dev), nwd, output_size=Nw)
+        pos = wf[b] + torch.arange(Nw, device=dev) - wbase[b]
+        meta.hca_win_loc = window_slots(self.pool, self.req_to_token[rq[b], pos].long())
+        # the compressed rows: entry j of request b sits at cmp page page_table[b, j // E], slot j % E
+        per_page = self.page_size // ratio
+        b = torch.repeat_interleave(torch.arange(B, device=dev), ncd, output_size=Nc)
+        j = torch.arange(Nc, device=dev) - cbase[b]
+        meta.hca_cmp_loc = meta.page_table.long()[b, j // per_page] * per_page + j % per_page
+        # each query's rows in the copy
+        tb, p = meta.tok_req.long(), meta.tok_pos.long()
+        s = p[:, None] - torch.arange(W, device=dev)[None, :]  # newest first: the rows >= 0 lead
+        win = torch.where(s >= 0, wbase[tb][:, None] + s - wf[tb][:, None], -1)
+        k = torch.arange(meta.cmp_idx.shape[1], device=dev)[None, :]
+        cmp = torch.where(k < ((p + 1) // ratio)[:, None], Nw + cbase[tb][:, None] + k, -1)
+        meta.hca_sel = torch.cat([win, cmp], 1).to(torch.int32).contiguous()
 
     def dense_rows(self, page_table, L, pages: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """(dense_loc, dense_pt) of `KernelMeta` for requests of lengths L [B] (device) spanning `pages` pages
@@ -618,6 +672,13 @@ class KernelPath:
         self.compress(meta, lid, inputs.cs, inputs.compressor)
         qb = q.to(self.query_dtype).contiguous()
         sink = inputs.sink.float().contiguous()
+        if (
+            meta.hca_sel is not None
+        ):  # the batch's window and compressed rows as one bf16 copy, once per layer
+            kv_dense = torch.cat(
+                [kv_load(win.pool, win.geom, meta.hca_win_loc), kv_load(cmp.pool, cmp.geom, meta.hca_cmp_loc)]
+            ).unsqueeze(1)
+            return _flashmla_prefill(qb, kv_dense, meta.hca_sel, layer.scaling, D, sink)
         flashmla = LAYER_HCA in self.flashmla
         single = flashmla and T <= ATTN_ROWS
         out = None if single else torch.empty(T, h, D, dtype=torch.float32, device=q.device)

@@ -288,7 +288,7 @@ class SessionSlots:
 class BackendRun:
     """One pool, the twin and the backends under test over it, the two layers, and the batch helpers."""
 
-    def __init__(self, kv, device, geometry, impls, pool, slots, cfg):
+    def __init__(self, kv, device, geometry, impls, pool, slots, cfg, prepare=None):
         from sglang_ernie55.attention.backend import Ernie55AttnBackend
 
         self.kv, self.device, self.pool, self.slots, self.cfg = kv, device, pool, slots, cfg
@@ -301,6 +301,8 @@ class BackendRun:
         self.backs = {impl: Ernie55AttnBackend(runner, impl=impl) for impl in impls}
         for impl, be in self.backs.items():
             assert all(c.impl == impl for c in be.choice.values()), be.choice
+            if prepare is not None:
+                prepare(be)
         self.layers = Layers(cfg, device)
         self.g = torch.Generator().manual_seed(2)
         # whether decode / verify rows came from the fused metadata build (KernelPath.fused_fixed_meta)
@@ -318,6 +320,11 @@ class BackendRun:
             impl: any(getattr(i, "mla_prefill", False) for i in be._distinct)
             for impl, be in self.backs.items()
         }
+        # whether HCA extend rows ran FlashMLA's sparse prefill over a bf16 copy (KernelPath.hca_prefill)
+        hca_prefill = {
+            impl: any(getattr(i, "hca_prefill", False) for i in be._distinct)
+            for impl, be in self.backs.items()
+        }
         # the indexer logits' extend launch config (KernelPath.index_extend)
         index_extend = {
             impl: sorted({tuple(getattr(i, "index_extend", ())) for i in be._distinct} - {()})
@@ -330,6 +337,7 @@ class BackendRun:
             "fused_meta": fused,
             "fused_topk": fused_topk,
             "mla_sparse_prefill": prefill,
+            "hca_sparse_prefill": hca_prefill,
             "index_extend": index_extend,
             "steps": {},
         }
@@ -424,8 +432,11 @@ class BackendRun:
         restore(self.pool, before)
 
 
-def run_backend(kv: str, device: str = "cpu", geometry: str = "tiny", impls=("triton",)) -> dict:
-    """The batch sequence above; every implementation in `impls` against the twin. Returns the report."""
+def run_backend(
+    kv: str, device: str = "cpu", geometry: str = "tiny", impls=("triton",), prepare=None
+) -> dict:
+    """The batch sequence above; every implementation in `impls` against the twin (`prepare(backend)`: run on
+    each backend under test once it is built). Returns the report."""
     from sglang_ernie55.mem_cache.pool import Ernie55TokenToKVPool
 
     th.init_dist()
@@ -434,7 +445,7 @@ def run_backend(kv: str, device: str = "cpu", geometry: str = "tiny", impls=("tr
     num_pages, max_ctx, req_slots = 24, 4096 if geometry == "full" else 2048, 6
     pool = Ernie55TokenToKVPool(num_pages * PAGE, PAGE, dtype, cfg, num_req_slots=req_slots, device=device)
     slots = Slots(num_pages, max_ctx, req_slots, device)
-    r = BackendRun(kv, device, geometry, impls, pool, slots, cfg)
+    r = BackendRun(kv, device, geometry, impls, pool, slots, cfg, prepare)
     long = cfg.index_topk + 700 if geometry == "full" else 300  # > index_topk: the DSA top-k selects
 
     # twin only: request 0 open block of 120 rows (ratio 128; at a smaller ratio 120 % ratio rows), request 1
@@ -459,6 +470,58 @@ def run_backend(kv: str, device: str = "cpu", geometry: str = "tiny", impls=("tr
     # D: graph-width decode; the padded row's seq len 128 would complete a block of live request 0
     r.graph_decode_padded("graph_decode_padded", [1, 2, 3], 128)
     return r.report
+
+
+def fake_sparse_prefill(q, kv, sel, scale, d_v, sink=None):
+    """FlashMLA's sparse prefill in torch, fp32 (the kernel's definition: softmax over the selected rows of kv
+    [rows, 1, D], -1 none, the sink as one more logit with no value): stands in for the SM90 kernel where it
+    cannot run, so that what the kernel path hands it is checked."""
+    kvf = kv[:, 0].float()
+    idx = sel.long()
+    k = kvf[idx.clamp_min(0)]  # [T, K, D]
+    s = torch.einsum("thd,tkd->thk", q.float(), k) * scale
+    s = s.masked_fill((idx < 0)[:, None, :], float("-inf"))
+    m = s.amax(-1)
+    if sink is not None:
+        m = torch.maximum(m, sink.float()[None, :])
+    p = torch.exp(s - m[..., None])
+    den = p.sum(-1) + (torch.exp(sink.float()[None, :] - m) if sink is not None else 0.0)
+    return torch.einsum("thk,tkd->thd", p, k[..., :d_v]) / den[..., None]
+
+
+def run_backend_hca_prefill(kv: str, device: str = "cpu", geometry: str = "tiny") -> dict:
+    """`run_backend` with the HCA layers' extend rows on the sparse-prefill path (`KernelPath.hca_prefill`:
+    one bf16 copy of the batch's window and compressed rows, one index row per query over both) and their
+    decode rows on the split kernel; `fake_sparse_prefill` stands in for FlashMLA's sparse prefill. Counts the
+    prefill calls."""
+    from sglang_ernie55.attention import kernel_path as kp
+    from sglang_ernie55.configuration import LAYER_HCA
+    from sglang_ernie55.kernels.sparse_attn import sparse_mqa_attention
+
+    calls = []
+
+    def prefill(q, kv_, sel, scale, d_v, sink=None):
+        calls.append((tuple(q.shape), tuple(kv_.shape), tuple(sel.shape), sink is not None))
+        return fake_sparse_prefill(q, kv_, sel, scale, d_v, sink)
+
+    def decode(meta, key, q, main, extra, scale, d_v, sink):
+        out = torch.empty(*q.shape[:2], d_v, dtype=torch.float32, device=q.device)
+        sparse_mqa_attention(q, main, extra, sm_scale=scale, d_v=d_v, sink=sink, out=out)
+        return out
+
+    def prepare(be):
+        for path in be._distinct:
+            if isinstance(path, kp.KernelPath):
+                path.flashmla, path.hca_prefill = frozenset({LAYER_HCA}), True
+
+    saved = kp._flashmla_prefill, kp._flashmla
+    kp._flashmla_prefill, kp._flashmla = prefill, decode
+    try:
+        rep = run_backend(kv, device, geometry, ("triton",), prepare)
+    finally:
+        kp._flashmla_prefill, kp._flashmla = saved
+    rep["hca_prefill_calls"] = calls
+    return rep
 
 
 def run_backend_verify(
@@ -839,6 +902,8 @@ if __name__ == "__main__":
     impls = tuple(sys.argv[5].split(",")) if len(sys.argv) > 5 else ("triton",)
     if mode == "backend":
         print(json.dumps(run_backend(kv, dev, geom, impls)))
+    elif mode == "backend_hca_prefill":
+        print(json.dumps(run_backend_hca_prefill(kv, dev, geom)))
     elif mode == "backend_verify":
         print(json.dumps(run_backend_verify(kv, dev, geom, impls)))
     elif mode == "backend_zero_extend":

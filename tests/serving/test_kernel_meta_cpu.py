@@ -307,6 +307,42 @@ def test_extend_dense_rows_map_every_position_to_its_slot(seed, monkeypatch):
     assert kp.meta_difference(m, path.extend_meta(fb)) == "dense_loc"
 
 
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_extend_hca_rows_select_each_querys_window_and_compressed_keys(seed):
+    """FlashMLA sparse prefill of the HCA layers: each query's copy rows (hca_sel) hold exactly the
+    window-pool slots of its win_idx row and the compressed-pool slots of its cmp_idx row (the decode kernel's
+    keys), window first; -1 past them; every copy row is some query's (shuffled pages, prefixes inside and
+    past the window and across compression blocks, several requests); no copy without the path's flag."""
+    rnd = random.Random(seed)
+    be, r2t = _backend()
+    reqs = rnd.sample(range(6), rnd.randint(1, 4))
+    prefix = [rnd.choice([0, 100, 256, rnd.randint(0, 900)]) for _ in reqs]
+    ext = [rnd.choice([1, 127, rnd.randint(1, 700)]) for _ in reqs]
+    lens = [0] * 6
+    for r, p, e in zip(reqs, prefix, ext):
+        lens[r] = p + e
+    _fill_pages(r2t, lens, seed)
+    path = _kernel_path(be, r2t)
+    fb = _extend_fb(r2t, reqs, prefix, ext)
+    assert path.extend_meta(fb).hca_sel is None
+    path.hca_prefill = True
+    m = path.extend_meta(fb)
+    W, Nw = path.W, m.hca_win_loc.shape[0]
+    assert m.hca_sel.dtype == torch.int32 and m.hca_sel.shape == (sum(ext), W + m.cmp_idx.shape[1])
+    assert m.hca_win_loc.dtype == m.hca_cmp_loc.dtype == torch.int64
+    used = torch.zeros(Nw + m.hca_cmp_loc.shape[0], dtype=torch.bool)
+    for t in range(sum(ext)):
+        wl, cl = int(m.win_len[t]), int(m.cmp_len[t])
+        sel = m.hca_sel[t].long()
+        win, cmp, pad = sel[:W], sel[W:], torch.cat([sel[:W][wl:], sel[W:][cl:]])
+        assert (pad == -1).all() and (win[:wl] < Nw).all() and (cmp[:cl] >= Nw).all()
+        assert sorted(m.hca_win_loc[win[:wl]].tolist()) == sorted(m.win_idx[t, :wl].tolist())
+        assert sorted(m.hca_cmp_loc[cmp[:cl] - Nw].tolist()) == sorted(m.cmp_idx[t, :cl].tolist())
+        used[sel[sel >= 0]] = True
+    assert used.all()
+    assert kp.meta_difference(m, path.extend_meta(fb)) == ""
+
+
 def test_decode_graph_rows_padded_rows_write_nothing():
     """A padded CUDA-graph row (request slot 0, out_cache_loc 0 in the padding page, seq len 128 so that
     it would complete a block) gets no compression job and no state row; the real rows do."""

@@ -54,6 +54,19 @@ def test_kernel_path_equals_twin_in_the_backend(kv):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("kv", ["bfloat16", "fp8_e4m3"])
+def test_hca_sparse_prefill_rows_equal_twin(kv):
+    """The same batches with the HCA layers' extend rows on the sparse-prefill path (the batch's window and
+    compressed rows copied to bf16 once per layer, one index row per query over both; FlashMLA's kernel
+    stood in for by its definition in torch, `kernel_path_check.fake_sparse_prefill`): outputs to fp32
+    rounding, the three extend batches through the copy (a prefix hit included), the sink passed."""
+    rep = _run("backend_hca_prefill", kv, "cpu", "tiny")
+    assert rep["hca_sparse_prefill"] == {"triton": True} and len(rep["steps"]) == 7, rep
+    calls = rep["hca_prefill_calls"]
+    assert [c[0][0] for c in calls] == [363, 30, 12] and all(c[3] for c in calls), calls
+
+
+@pytest.mark.slow
 def test_kernel_path_several_indexer_rows_equal_twin(monkeypatch):
     """The same batches with the indexer logits' extend launch set by SGLANG_ERNIE55_INDEXER_EXTEND to 4 query
     rows per program (keys major): extend batches of several requests, groups across a request boundary."""

@@ -53,6 +53,19 @@ def test_backend_mla_extend_kernels_equal_twin_full_width(monkeypatch, on):
     assert rep["mla_sparse_prefill"]["flashmla"] == (on == "1"), rep
 
 
+def test_backend_hca_extend_on_flashmla_sparse_prefill_equals_twin_full_width(monkeypatch):
+    """The same batches with SGLANG_ERNIE55_HCA_SPARSE_PREFILL=1: the HCA layers' extend rows on FlashMLA's
+    sparse prefill (d_qk 512, the sink) over a bf16 copy of the batch's window and compressed rows."""
+    from sglang_ernie55.attention.kernel_path import sparse_prefill_runs
+
+    if not sparse_prefill_runs(128):
+        pytest.skip("FlashMLA's legacy sparse prefill kernel runs on SM90 GPUs only")
+    monkeypatch.setenv("SGLANG_ERNIE55_HCA_SPARSE_PREFILL", "1")
+    rep = kpc.run_backend("fp8_e4m3", "cuda", "full", _impls("fp8_e4m3"))
+    print(json.dumps(rep))
+    assert rep["hca_sparse_prefill"]["flashmla"], rep
+
+
 @pytest.mark.parametrize("kv", ["fp8_e4m3", "bfloat16"])
 def test_backend_verify_equals_twin_full_width(kv):
     """TARGET_VERIFY (4 rows per request, two-block state ring) across a block and a page, rejected drafts
