@@ -271,6 +271,20 @@ def test_extend_jobs_equal_the_host_planner(variant, seed):
     assert m.index_config == kp.LOGITS_EXTEND  # the indexer variant of extend rows
 
 
+def _random_extend(seed, prefix_of, ext_of, rnd):
+    """An extend batch of 1-4 of 6 request slots (prefix / extend lengths from the callables) over shuffled
+    pages: (kernel path, req_to_token, forward batch, reqs, prefix, ext)."""
+    be, r2t = _backend()
+    reqs = rnd.sample(range(6), rnd.randint(1, 4))
+    prefix = [prefix_of() for _ in reqs]
+    ext = [ext_of() for _ in reqs]
+    lens = [0] * 6
+    for r, p, e in zip(reqs, prefix, ext):
+        lens[r] = p + e
+    _fill_pages(r2t, lens, seed)
+    return _kernel_path(be, r2t), r2t, _extend_fb(r2t, reqs, prefix, ext), reqs, prefix, ext
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_extend_dense_rows_map_every_position_to_its_slot(seed, monkeypatch):
     """FlashMLA sparse prefill's copy of the batch's latent rows: the top-k's position -> copy row through
@@ -278,16 +292,8 @@ def test_extend_dense_rows_map_every_position_to_its_slot(seed, monkeypatch):
     position of every request (shuffled pages, prefixes, several requests); -1 past each request's length; no
     copy for a batch past MLA_DENSE_ROWS, nor on a path without the sparse prefill."""
     rnd = random.Random(seed)
-    be, r2t = _backend()
-    reqs = rnd.sample(range(6), rnd.randint(1, 4))
-    prefix = [rnd.choice([0, 256, rnd.randint(0, 700)]) for _ in reqs]
-    ext = [rnd.randint(1, 600) for _ in reqs]
-    lens = [0] * 6
-    for r, p, e in zip(reqs, prefix, ext):
-        lens[r] = p + e
-    _fill_pages(r2t, lens, seed)
-    path = _kernel_path(be, r2t)
-    fb = _extend_fb(r2t, reqs, prefix, ext)
+    prefix_of = lambda: rnd.choice([0, 256, rnd.randint(0, 700)])  # noqa: E731
+    path, r2t, fb, reqs, prefix, ext = _random_extend(seed, prefix_of, lambda: rnd.randint(1, 600), rnd)
     assert path.extend_meta(fb).dense_loc is None  # no FlashMLA here
     path.mla_prefill = True
     m = path.extend_meta(fb)
@@ -314,16 +320,9 @@ def test_extend_hca_rows_select_each_querys_window_and_compressed_keys(seed):
     keys), window first; -1 past them; every copy row is some query's (shuffled pages, prefixes inside and
     past the window and across compression blocks, several requests); no copy without the path's flag."""
     rnd = random.Random(seed)
-    be, r2t = _backend()
-    reqs = rnd.sample(range(6), rnd.randint(1, 4))
-    prefix = [rnd.choice([0, 100, 256, rnd.randint(0, 900)]) for _ in reqs]
-    ext = [rnd.choice([1, 127, rnd.randint(1, 700)]) for _ in reqs]
-    lens = [0] * 6
-    for r, p, e in zip(reqs, prefix, ext):
-        lens[r] = p + e
-    _fill_pages(r2t, lens, seed)
-    path = _kernel_path(be, r2t)
-    fb = _extend_fb(r2t, reqs, prefix, ext)
+    prefix_of = lambda: rnd.choice([0, 100, 256, rnd.randint(0, 900)])  # noqa: E731
+    ext_of = lambda: rnd.choice([1, 127, rnd.randint(1, 700)])  # noqa: E731
+    path, r2t, fb, reqs, prefix, ext = _random_extend(seed, prefix_of, ext_of, rnd)
     assert path.extend_meta(fb).hca_sel is None
     path.hca_prefill = True
     m = path.extend_meta(fb)
