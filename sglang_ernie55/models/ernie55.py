@@ -151,7 +151,9 @@ class Ernie55Model(nn.Module):
         with forward_range("embed"):
             h = self.embed_tokens(input_ids) if input_embeds is None else input_embeds
             dtype = h.dtype
-            R = h.float()[:, None, :].expand(-1, self.n, -1).contiguous()
+            # the n streams start as copies of h: one cast-and-broadcast copy (no fp32 [T, H] in between)
+            R = h.new_empty(h.shape[0], self.n, h.shape[1], dtype=torch.float32)
+            R.copy_(h[:, None, :])
             rp = self.rope.at(positions)  # cos / sin of this forward's positions, once for every layer
         hidden, R = self.layers_and_head(rp, R, forward_batch, dtype)
         if is_split(forward_batch):
