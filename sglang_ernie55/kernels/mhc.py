@@ -61,13 +61,9 @@ def hc_mix_fused(
     config: (rows per program, K per step, warps, stages), default MIX_CONFIG."""
     T, n, H = _check_R(R)
     K = n * H
-    check(fn.dim() == 2 and fn.shape[1] == K and fn.dtype == torch.float32, f"fn: fp32 [rows, {K}]")
-    check(fn.stride(1) == 1, "fn: contiguous rows")
+    NR, m, ss = _mix_outputs(fn, T, K, R.device)
     bm, bk, warps, stages = config or MIX_CONFIG
     x = R.reshape(T, K)  # a view where the streams of a token are contiguous
-    NR = fn.shape[0]
-    m = torch.empty(T, NR, dtype=torch.float32, device=R.device)
-    ss = torch.empty(T, dtype=torch.float32, device=R.device)
     if T:
         hc_mix_kernel[(triton.cdiv(T, bm),)](
             x,
@@ -89,11 +85,25 @@ def hc_mix_fused(
     return m, ss
 
 
-def _mix(R: torch.Tensor, fn: torch.Tensor, mix: str | None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The raw mix and, from the fused pass, each row's sum of squares (None: the tail computes it)."""
+def _mix_outputs(fn: torch.Tensor, T: int, K: int, device) -> tuple[int, torch.Tensor, torch.Tensor]:
+    """The fused mix's fn checks and its outputs: (rows of fn, m [T, rows] fp32, sums of squares [T] fp32)."""
+    check(fn.dim() == 2 and fn.shape[1] == K and fn.dtype == torch.float32, f"fn: fp32 [rows, {K}]")
+    check(fn.stride(1) == 1, "fn: contiguous rows")
+    NR = fn.shape[0]
+    m = torch.empty(T, NR, dtype=torch.float32, device=device)
+    return NR, m, torch.empty(T, dtype=torch.float32, device=device)
+
+
+def _fused_mix_serves(T: int, mix: str | None) -> bool:
+    """Whether a batch of T tokens takes the fused mix (`mix` as `hc_pre`'s, None: the knob)."""
     mix = envs.mhc_mix() if mix is None else mix
     check(mix in envs.MHC_MIXES, f"mix: one of {envs.MHC_MIXES}, got {mix!r}")
-    if mix == "fused" and R.shape[0] >= FUSED_MIX_MIN_ROWS:
+    return mix == "fused" and T >= FUSED_MIX_MIN_ROWS
+
+
+def _mix(R: torch.Tensor, fn: torch.Tensor, mix: str | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The raw mix and, from the fused pass, each row's sum of squares (None: the tail computes it)."""
+    if _fused_mix_serves(R.shape[0], mix):
         return hc_mix_fused(R, fn)
     return _raw_mix(R, fn), None
 
@@ -284,9 +294,7 @@ def post_mixes(T: int, n: int, mix: str | None = None) -> bool:
     """Whether `hc_post_mix` serves a site's post and the next site's mix for a batch of T tokens of n streams
     (`mix` as `hc_pre`'s): the fused mix's rule, since its programs are the fused mix's, at most
     POST_MIX_STREAMS streams."""
-    mix = envs.mhc_mix() if mix is None else mix
-    check(mix in envs.MHC_MIXES, f"mix: one of {envs.MHC_MIXES}, got {mix!r}")
-    return mix == "fused" and T >= FUSED_MIX_MIN_ROWS and n <= POST_MIX_STREAMS
+    return _fused_mix_serves(T, mix) and n <= POST_MIX_STREAMS
 
 
 def hc_post_mix(
@@ -304,15 +312,11 @@ def hc_post_mix(
     `hc_pre` / `hc_head`'s `mixed`; config as `hc_mix_fused`'s, default POST_MIX_CONFIG."""
     T, n, H = _check_post(f, R, post, C)
     check(n <= POST_MIX_STREAMS, f"hc_post_mix: at most {POST_MIX_STREAMS} streams, got {n}")
-    check(fn.dim() == 2 and fn.shape[1] == n * H and fn.dtype == torch.float32, f"fn: fp32 [rows, {n * H}]")
-    check(fn.stride(1) == 1, "fn: contiguous rows")
+    NR, m, ss = _mix_outputs(fn, T, n * H, R.device)
     if out is None:
         out = torch.empty_like(R)
     check(out.shape == R.shape and out.stride(2) == 1, "out: like R")
     bm, bk, warps, stages = config or POST_MIX_CONFIG
-    NR = fn.shape[0]
-    m = torch.empty(T, NR, dtype=torch.float32, device=R.device)
-    ss = torch.empty(T, dtype=torch.float32, device=R.device)
     if T:
         hc_post_mix_kernel[(triton.cdiv(T, bm),)](
             f,
