@@ -184,8 +184,8 @@ def _flashmla_prefill(
 
     T, h, _ = q.shape
     q, pad = _pad_heads(q.to(torch.bfloat16))
-    if sink is not None:
-        sink = torch.nn.functional.pad(sink, (0, pad)).contiguous() if pad else sink
+    if sink is not None and pad:
+        sink = torch.nn.functional.pad(sink, (0, pad))
     o = flash_mla.flash_mla_sparse_fwd(
         q.contiguous(), kv, sel.view(T, 1, -1), scale, d_v, attn_sink=sink, use_legacy=True
     )[0]
@@ -339,14 +339,12 @@ class KernelPath:
         self._rope_tables: dict = {}
         self.fused_meta = self._fused_meta_works() if fused_meta is None else fused_meta
         self.fused_topk = self._fused_topk_works() if fused_topk is None else fused_topk
-        from ..envs import indexer_extend_config, mla_sparse_prefill
+        from ..envs import hca_sparse_prefill, indexer_extend_config, mla_sparse_prefill
 
         self.index_extend = indexer_extend_config() or LOGITS_EXTEND
         self.mla_prefill = (
             LAYER_MLA_DSA in self.flashmla and mla_sparse_prefill() and sparse_prefill_runs(self.topk)
         )
-        from ..envs import hca_sparse_prefill
-
         # a query's HCA keys: its window (W wide) then its compressed entries (widths of 64)
         self.hca_prefill = LAYER_HCA in self.flashmla and hca_sparse_prefill() and sparse_prefill_runs(self.W)
 
@@ -557,14 +555,14 @@ class KernelPath:
             if sum(pages) * self.page_size <= MLA_DENSE_ROWS:
                 meta.dense_loc, meta.dense_pt = self.dense_rows(meta.page_table, L, pages)
         if self.hca_prefill:
-            self.hca_rows(meta, req, P, L, prefix, seq)
+            self.hca_rows(meta, req, prefix, seq)
         return meta
 
-    def hca_rows(self, meta: KernelMeta, req, P, L, prefix: list[int], seq: list[int]) -> None:
-        """`KernelMeta`'s hca_* fields for an extend batch: request b's window rows, positions
-        max(0, P_b - W + 1) .. L_b - 1, in turn, then its compressed entries 0 .. L_b // ratio - 1 in turn;
-        each query (request b, position p) takes rows p - W + 1 .. p (those >= 0) and entries
-        0 .. (p + 1) // ratio - 1 of its request, as `hca_indices` gives them in the pools."""
+    def hca_rows(self, meta: KernelMeta, req, prefix: list[int], seq: list[int]) -> None:
+        """`KernelMeta`'s hca_* fields for an extend batch (P_b = prefix[b], L_b = seq[b]): request b's window
+        rows, positions max(0, P_b - W + 1) .. L_b - 1, in turn, then its compressed entries
+        0 .. L_b // ratio - 1 in turn; each query (request b, position p) takes rows p - W + 1 .. p (those
+        >= 0) and entries 0 .. (p + 1) // ratio - 1 of its request: `hca_indices`'s keys in the pools."""
         W, ratio, dev = self.W, self.ratio, req.device
         wfirst = [max(0, p - W + 1) for p in prefix]
         nw = [L_ - f for L_, f in zip(seq, wfirst)]
@@ -672,9 +670,8 @@ class KernelPath:
         self.compress(meta, lid, inputs.cs, inputs.compressor)
         qb = q.to(self.query_dtype).contiguous()
         sink = inputs.sink.float().contiguous()
-        if (
-            meta.hca_sel is not None
-        ):  # the batch's window and compressed rows as one bf16 copy, once per layer
+        if meta.hca_sel is not None:
+            # the batch's window and compressed rows as one bf16 copy, once per layer
             kv_dense = torch.cat(
                 [kv_load(win.pool, win.geom, meta.hca_win_loc), kv_load(cmp.pool, cmp.geom, meta.hca_cmp_loc)]
             ).unsqueeze(1)
