@@ -672,10 +672,11 @@ class KernelPath:
         sink = inputs.sink.float().contiguous()
         if meta.hca_sel is not None:
             # the batch's window and compressed rows as one bf16 copy, once per layer
-            kv_dense = torch.cat(
-                [kv_load(win.pool, win.geom, meta.hca_win_loc), kv_load(cmp.pool, cmp.geom, meta.hca_cmp_loc)]
-            ).unsqueeze(1)
-            return _flashmla_prefill(qb, kv_dense, meta.hca_sel, layer.scaling, D, sink)
+            Nw, Nc = meta.hca_win_loc.shape[0], meta.hca_cmp_loc.shape[0]
+            kv_dense = torch.empty(Nw + Nc, D, dtype=torch.bfloat16, device=q.device)
+            kv_load(win.pool, win.geom, meta.hca_win_loc, out=kv_dense[:Nw])
+            kv_load(cmp.pool, cmp.geom, meta.hca_cmp_loc, out=kv_dense[Nw:])
+            return _flashmla_prefill(qb, kv_dense.unsqueeze(1), meta.hca_sel, layer.scaling, D, sink)
         flashmla = LAYER_HCA in self.flashmla
         single = flashmla and T <= ATTN_ROWS
         out = None if single else torch.empty(T, h, D, dtype=torch.float32, device=q.device)

@@ -79,18 +79,28 @@ KV_LOAD_ROWS = 16  # tokens per program of kv_load
 
 
 def kv_load(
-    pool: torch.Tensor, g: Geometry, loc: torch.Tensor, dtype: torch.dtype = torch.bfloat16
+    pool: torch.Tensor,
+    g: Geometry,
+    loc: torch.Tensor,
+    dtype: torch.dtype = torch.bfloat16,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Read N tokens back, dequantised: out [N, W] (`dtype`; W as `kv_store`'s x) with out[i] the row of slot
     loc[i] (int32 / int64, -1: a row of zeros). Every stored value is exact in bf16 (fp8 values times
-    power-of-two scales, bf16 values), so a bf16 out equals `torch_twin.pool_gather` rounded to bf16."""
+    power-of-two scales, bf16 values), so a bf16 out equals `torch_twin.pool_gather` rounded to bf16. `out`:
+    rows to write them into (a [N, W] tensor of `dtype` with contiguous rows: a slice of a larger copy)."""
     a = pool_args(g)
     check_pool(pool, g, "kv_load.pool")
     check(loc.dim() == 1 and loc.dtype in (torch.int32, torch.int64), "kv_load.loc: int32/int64 [N]")
     check(loc.device == pool.device, "kv_load: pool and loc on one device")
     check(dtype in (torch.bfloat16, torch.float32), f"kv_load.dtype: bfloat16 or float32, got {dtype}")
     N = loc.shape[0]
-    out = torch.empty(N, a.main + a.tail, dtype=dtype, device=pool.device)
+    if out is None:
+        out = torch.empty(N, a.main + a.tail, dtype=dtype, device=pool.device)
+    check(
+        out.shape == (N, a.main + a.tail) and out.dtype == dtype and out.stride(1) == 1,
+        f"kv_load.out: {dtype} [{N}, {a.main + a.tail}] with contiguous rows",
+    )
     if N == 0:
         return out
     _launch(kv_load_kernel, -(-N // KV_LOAD_ROWS), (out, out.stride(0), loc, N), pool, a, BN=KV_LOAD_ROWS)

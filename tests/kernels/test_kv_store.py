@@ -82,6 +82,10 @@ def _check(name, n_tok, pages, dtype=torch.bfloat16):
         assert loaded.dtype == out_dtype and loaded.shape == (n_tok, width)
         assert torch.equal(loaded[keep].float(), back), name
         assert not loaded[~keep].any(), name
+        # into rows of a larger copy: the same rows, the rest untouched
+        big = torch.full((n_tok + 3, width), 7.0, dtype=out_dtype, device=DEV)
+        assert kv_load(got, g, slots.to(DEV), out_dtype, out=big[2:-1]).data_ptr() == big[2].data_ptr()
+        assert torch.equal(big[2:-1].cpu(), loaded) and (big[:2] == 7).all() and (big[-1] == 7).all(), name
 
 
 @pytest.mark.parametrize("name", list(GEOMS))
@@ -120,6 +124,11 @@ def test_kv_load_of_no_tokens_and_bad_arguments():
         kv_load(pool, g, torch.zeros(1, dtype=torch.int64, device=DEV), torch.float16)
     with pytest.raises(ValueError, match="kv_load.loc"):
         kv_load(pool, g, torch.zeros(1, device=DEV))
+    one = torch.zeros(1, dtype=torch.int64, device=DEV)
+    bf = torch.bfloat16
+    for bad in (torch.zeros(2, 576, dtype=bf), torch.zeros(1, 576), torch.zeros(576, 2, dtype=bf).t()[:1]):
+        with pytest.raises(ValueError, match=r"kv_load.out: torch.bfloat16 \[1, 576\] with contiguous rows"):
+            kv_load(pool, g, one, out=bad.to(DEV))
 
 
 def test_kv_store_rejects_bad_shapes():
